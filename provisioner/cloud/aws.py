@@ -1,0 +1,232 @@
+"""boto3 clients, retries with jittered backoff, and error classification.
+
+Clients are made once per (service, region) and shared across threads (boto3
+clients are thread-safe; sessions are not, hence the lock). botocore's own retry
+loop is off: tenacity retries retryable errors inside one call, and the reconciler
+requeues with a growing delay after that.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import boto3
+import botocore.config
+import botocore.exceptions
+import tenacity
+
+from provisioner.cloud import errors
+
+T = TypeVar("T")
+
+THROTTLING_CODES = {
+    "Throttling",
+    "ThrottlingException",
+    "ThrottledException",
+    "RequestThrottled",
+    "RequestThrottledException",
+    "TooManyRequestsException",
+    "ProvisionedThroughputExceededException",
+    "TransactionInProgressException",
+    "RequestLimitExceeded",
+    "BandwidthLimitExceeded",
+    "LimitExceededException",
+    "SlowDown",
+    "EC2ThrottledException",
+    "PriorRequestNotComplete",
+    "RequestTimeout",
+    "RequestTimeoutException",
+    "ServiceUnavailable",
+    "InternalError",
+    "InternalFailure",
+    "ServiceFailure",
+    "OperationAborted",
+    "AWS.SimpleQueueService.QueueDeletedRecently",
+    "QueueDeletedRecently",
+    "InvalidDBInstanceState",
+    "InvalidDBInstanceStateFault",
+}
+CREDENTIALS_CODES = {
+    "InvalidClientTokenId",
+    "UnrecognizedClientException",
+    "SignatureDoesNotMatch",
+    "InvalidAccessKeyId",
+    "ExpiredToken",
+    "ExpiredTokenException",
+    "AuthFailure",
+    "MissingAuthenticationToken",
+    "IncompleteSignature",
+}
+NOT_FOUND_CODES = {
+    "NoSuchBucket",
+    "404",
+    "NotFound",
+    "DBInstanceNotFound",
+    "DBInstanceNotFoundFault",
+    "DBSnapshotNotFound",
+    "AWS.SimpleQueueService.NonExistentQueue",
+    "QueueDoesNotExist",
+    "NoSuchTagSet",
+    "NoSuchLifecycleConfiguration",
+    "ServerSideEncryptionConfigurationNotFoundError",
+    "NoSuchPublicAccessBlockConfiguration",
+}
+CONFLICT_CODES = {
+    "BucketAlreadyExists",
+    "DBInstanceAlreadyExists",
+    "DBInstanceAlreadyExistsFault",
+    "QueueAlreadyExists",
+    "QueueNameExists",
+    "AWS.SimpleQueueService.QueueNameExists",
+}
+NOT_SUPPORTED_CODES = {"InternalFailure.NotImplemented", "NotImplemented", "NotImplementedError"}
+
+
+def classify(exc: BaseException) -> errors.CloudError:
+    """Turn any boto/botocore exception into one of our classes."""
+    if isinstance(exc, errors.CloudError):
+        return exc
+    if isinstance(exc, botocore.exceptions.ClientError):
+        err = exc.response.get("Error", {})
+        code = str(err.get("Code", "")) or "Unknown"
+        message = str(err.get("Message", "")) or code
+        http = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+        if code in NOT_SUPPORTED_CODES or (http == 501):
+            return errors.NotSupportedError(
+                f"the cloud endpoint does not implement this service: {message}", code
+            )
+        if code in NOT_FOUND_CODES or (http == 404 and code not in CONFLICT_CODES):
+            return errors.NotFoundError(message, code)
+        if code in CREDENTIALS_CODES:
+            return errors.CredentialsError(f"AWS credentials were rejected: {message}", code)
+        if code in THROTTLING_CODES or http >= 500 or http == 429:
+            return errors.RetryableError(message, code)
+        if code in CONFLICT_CODES or http == 409:
+            return errors.ConflictError(message, code)
+        return errors.TerminalError(message, code)
+    if isinstance(
+        exc, botocore.exceptions.NoCredentialsError | botocore.exceptions.PartialCredentialsError
+    ):
+        return errors.CredentialsError(
+            "no AWS credentials found: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile, "
+            "or an IRSA role for the operator",
+            "NoCredentials",
+        )
+    if isinstance(
+        exc,
+        botocore.exceptions.EndpointConnectionError
+        | botocore.exceptions.ConnectionError
+        | botocore.exceptions.ReadTimeoutError
+        | botocore.exceptions.ConnectTimeoutError
+        | botocore.exceptions.ResponseStreamingError
+        | botocore.exceptions.IncompleteReadError
+        | ConnectionError
+        | TimeoutError,
+    ):
+        return errors.RetryableError(str(exc), type(exc).__name__)
+    if isinstance(exc, botocore.exceptions.ParamValidationError):
+        return errors.TerminalError(str(exc), "ParamValidation")
+    if isinstance(exc, botocore.exceptions.BotoCoreError):
+        return errors.RetryableError(str(exc), type(exc).__name__)
+    raise exc
+
+
+@dataclass(frozen=True)
+class AwsSettings:
+    region: str
+    endpoint_url: str | None = None
+    # Attempts inside one call for retryable errors, before the reconciler requeues.
+    attempts: int = 4
+    max_wait: float = 4.0
+    connect_timeout: float = 5.0
+    read_timeout: float = 30.0
+
+
+class CallCounter:
+    """Counts AWS calls by (service, operation, outcome); thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.counts: Counter[tuple[str, str, str]] = Counter()
+        self.listeners: list[Callable[[str, str, str], None]] = []
+
+    def record(self, service: str, operation: str, outcome: str) -> None:
+        with self._lock:
+            self.counts[(service, operation, outcome)] += 1
+        for listener in self.listeners:
+            listener(service, operation, outcome)
+
+    def total(self) -> int:
+        with self._lock:
+            return sum(self.counts.values())
+
+
+CALLS = CallCounter()
+
+
+class Aws:
+    """Shared boto3 clients for one operator process."""
+
+    def __init__(self, settings: AwsSettings) -> None:
+        self.settings = settings
+        self._session = boto3.session.Session()
+        self._lock = threading.Lock()
+        self._clients: dict[tuple[str, str], Any] = {}
+
+    def client(self, service: str, region: str | None = None) -> Any:
+        region = region or self.settings.region
+        key = (service, region)
+        with self._lock:
+            client = self._clients.get(key)
+            if client is None:
+                config = botocore.config.Config(
+                    region_name=region,
+                    retries={"total_max_attempts": 1, "mode": "standard"},
+                    connect_timeout=self.settings.connect_timeout,
+                    read_timeout=self.settings.read_timeout,
+                    max_pool_connections=32,
+                    s3={"addressing_style": "path"},
+                )
+                client = self._session.client(
+                    service, endpoint_url=self.settings.endpoint_url, config=config
+                )
+                client.meta.events.register("after-call", _count_call)
+                client.meta.events.register("after-call-error", _count_call_error)
+                self._clients[key] = client
+            return client
+
+    def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Call `fn`, retrying retryable errors with jittered exponential backoff.
+
+        Raises a classified `CloudError`.
+        """
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(errors.RetryableError),
+            wait=tenacity.wait_random_exponential(multiplier=0.25, max=self.settings.max_wait),
+            stop=tenacity.stop_after_attempt(self.settings.attempts),
+            reraise=True,
+        )
+        for attempt in retrying:
+            with attempt:
+                try:
+                    return fn(*args, **kwargs)
+                except errors.CloudError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - classified right here
+                    raise classify(exc) from None
+        raise AssertionError("unreachable")
+
+
+def _count_call(http_response: Any, parsed: Any, model: Any, **_: Any) -> None:
+    status = int(getattr(http_response, "status_code", 0) or 0)
+    outcome = "ok" if status < 400 else f"http_{status}"
+    CALLS.record(model.service_model.service_name, model.name, outcome)
+
+
+def _count_call_error(event_name: str = "", **_: Any) -> None:
+    _, service, operation = ([*event_name.split(".", 2), "", ""])[:3]
+    CALLS.record(service, operation, "connection_error")

@@ -1,0 +1,54 @@
+"""Every cloud failure, classified once.
+
+The reconciler maps these classes to conditions and backoff; no per-kind
+try/except ladders. Messages are the cloud's own words (which never carry our
+secret values) and are safe to show in conditions and Events.
+"""
+
+from __future__ import annotations
+
+
+class CloudError(Exception):
+    """Base class. `code` is the cloud's error code, `message` its text."""
+
+    reason = "ReconcileError"
+
+    def __init__(self, message: str, code: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}" if self.code else self.message
+
+
+class RetryableError(CloudError):
+    """Throttling, 5xx, timeouts, dropped connections: retried with backoff."""
+
+
+class CredentialsError(CloudError):
+    """Missing or rejected AWS credentials: a platform problem, retried slowly."""
+
+
+class TerminalError(CloudError):
+    """The cloud refused the spec: no retry until the spec changes."""
+
+    reason = "InvalidSpec"
+
+
+class NotFoundError(CloudError):
+    """The resource does not exist."""
+
+
+class ConflictError(CloudError):
+    """The name is taken by something that is not ours."""
+
+    reason = "NameConflict"
+
+
+class DeletionBlocked(CloudError):
+    """The cloud refuses to delete for a reason the user must fix (objects in a bucket)."""
+
+
+class NotSupportedError(TerminalError):
+    """The endpoint does not offer this service at all (e.g. RDS on LocalStack's free edition)."""

@@ -1,0 +1,90 @@
+"""Operator settings from flags, then the environment, then defaults."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field
+
+
+def _env(name: str, default: str = "") -> str:
+    return os.environ.get(name, default).strip()
+
+
+@dataclass(frozen=True)
+class Settings:
+    region: str = "us-east-1"
+    endpoint_url: str | None = None
+    cluster_id: str = "default"
+    # Empty means every namespace (cluster-wide). kopf glob patterns are accepted.
+    namespaces: list[str] = field(default_factory=list)
+    resync_seconds: float = 300.0
+    liveness_port: int = 8080
+    metrics_port: int = 0
+    log_format: str = "plain"
+    peering: str | None = None
+    workers: int = 32
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        namespaces = [n.strip() for n in _env("PROVISIONER_NAMESPACES").split(",") if n.strip()]
+        return cls(
+            region=_env("PROVISIONER_REGION")
+            or _env("AWS_REGION")
+            or _env("AWS_DEFAULT_REGION")
+            or "us-east-1",
+            endpoint_url=_env("PROVISIONER_AWS_ENDPOINT_URL") or _env("AWS_ENDPOINT_URL") or None,
+            cluster_id=_env("PROVISIONER_CLUSTER_ID", "default"),
+            namespaces=namespaces,
+            resync_seconds=float(_env("PROVISIONER_RESYNC_SECONDS", "300")),
+            liveness_port=int(_env("PROVISIONER_LIVENESS_PORT", "8080")),
+            metrics_port=int(_env("PROVISIONER_METRICS_PORT", "0")),
+            log_format=_env("PROVISIONER_LOG_FORMAT", "plain"),
+            peering=_env("PROVISIONER_PEERING") or None,
+            workers=int(_env("PROVISIONER_WORKERS", "32")),
+        )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--region", help="AWS region (env PROVISIONER_REGION or AWS_REGION)")
+    parser.add_argument(
+        "--endpoint-url", help="AWS endpoint, e.g. moto or LocalStack (env AWS_ENDPOINT_URL)"
+    )
+    parser.add_argument(
+        "--cluster-id", help="put on every cloud resource as provisioner.dev/cluster"
+    )
+    parser.add_argument(
+        "--namespace",
+        action="append",
+        dest="namespaces",
+        help="watch only this namespace (repeatable; globs allowed); default: all",
+    )
+    parser.add_argument(
+        "--resync-seconds", type=float, help="periodic re-check of every resource (default 300)"
+    )
+    parser.add_argument("--liveness-port", type=int, help="port of /healthz (default 8080)")
+    parser.add_argument("--metrics-port", type=int, help="Prometheus metrics port (0: off)")
+    parser.add_argument("--log-format", choices=["plain", "json"], help="log line format")
+    parser.add_argument("--peering", help="kopf peering object name, for several replicas")
+    parser.add_argument("--workers", type=int, help="resources reconciled at once (default 32)")
+
+
+def from_args(args: argparse.Namespace) -> Settings:
+    base = Settings.from_env()
+    overrides = {
+        key: value
+        for key, value in {
+            "region": args.region,
+            "endpoint_url": args.endpoint_url,
+            "cluster_id": args.cluster_id,
+            "namespaces": args.namespaces,
+            "resync_seconds": args.resync_seconds,
+            "liveness_port": args.liveness_port,
+            "metrics_port": args.metrics_port,
+            "log_format": args.log_format,
+            "peering": args.peering,
+            "workers": args.workers,
+        }.items()
+        if value is not None
+    }
+    return Settings(**{**base.__dict__, **overrides})

@@ -1,0 +1,109 @@
+"""Starting, waiting for and stopping the local processes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+
+class StartError(RuntimeError):
+    """A process did not come up; the message says which and where its log is."""
+
+
+def free_port() -> int:
+    """A loopback port that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def port_taken(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def spawn(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start a process in its own session (so it outlives the caller and can be stopped whole)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            args,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still answers kill(0): look at its state.
+    with contextlib.suppress(OSError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat.rsplit(")", 1)[1].split()[0] == "Z":
+            return False
+    return True
+
+
+def stop(pid: int, timeout: float = 10.0) -> None:
+    """SIGTERM the process group, SIGKILL what is left after `timeout`, reap if ours."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+        deadline = time.monotonic() + (timeout if sig == signal.SIGTERM else 5.0)
+        while time.monotonic() < deadline:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+            if not alive(pid):
+                return
+            time.sleep(0.05)
+
+
+def wait_until(
+    check: Callable[[], bool],
+    *,
+    timeout: float,
+    what: str,
+    proc: subprocess.Popen[bytes] | None = None,
+    log: Path | None = None,
+    interval: float = 0.1,
+) -> None:
+    """Poll `check` until it is true; fail early if `proc` exits."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise StartError(f"{what} exited with code {proc.returncode}; {_tail(log)}")
+        try:
+            if check():
+                return
+        except Exception:  # noqa: BLE001, S110 - any failure means "not yet"
+            pass
+        if time.monotonic() > deadline:
+            raise StartError(f"{what} not ready after {timeout:.0f}s; {_tail(log)}")
+        time.sleep(interval)
+
+
+def _tail(log: Path | None) -> str:
+    if log is None:
+        return "no log"
+    try:
+        lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return f"see {log}"
+    last = lines[-1][:300] if lines else "(empty)"
+    return f"last log line: {last} (full log: {log})"

@@ -1,0 +1,237 @@
+"""The whole local setup: control plane, moto's server, CRDs and the operator.
+
+`provisioner dev up` keeps its state in `.dev/` (git-ignored) and its data in a
+temporary directory; `dev down` stops everything and removes both. A `.dev/` left
+by a dead run is detected and cleaned by the next `dev up`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from provisioner.dev import binaries
+from provisioner.dev.controlplane import ControlPlane, ControlPlaneState, healthy
+from provisioner.dev.processes import alive, free_port, spawn, stop, wait_until
+
+REPO_ROOT = binaries.REPO_ROOT
+CRD_DIR = REPO_ROOT / "crds"
+DEV_REGION = "us-east-1"
+DEV_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+
+
+def _http_up(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2):  # noqa: S310 - loopback only
+            return True
+    except urllib.error.HTTPError:
+        return True
+
+
+@dataclass
+class MotoServer:
+    log: Path
+    port: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> None:
+        self.port = self.port or free_port()
+        env = dict(os.environ, **DEV_CREDENTIALS, AWS_DEFAULT_REGION=DEV_REGION)
+        self.proc = spawn(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            self.log,
+            env=env,
+        )
+        wait_until(
+            lambda: _http_up(f"{self.url}/moto-api/"),
+            timeout=timeout,
+            what="moto server",
+            proc=self.proc,
+            log=self.log,
+        )
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop(self.proc.pid)
+            self.proc.wait()
+            self.proc = None
+
+
+def aws_env(endpoint_url: str) -> dict[str, str]:
+    return {
+        "AWS_ENDPOINT_URL": endpoint_url,
+        "AWS_REGION": DEV_REGION,
+        "AWS_DEFAULT_REGION": DEV_REGION,
+        **DEV_CREDENTIALS,
+    }
+
+
+def kubectl(kubeconfig: str | Path, *args: str, input: str | None = None) -> str:
+    result = subprocess.run(
+        ["kubectl", f"--kubeconfig={kubeconfig}", *args],
+        input=input,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
+    return result.stdout
+
+
+def install_crds(kubeconfig: str | Path) -> None:
+    kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(CRD_DIR))
+    kubectl(kubeconfig, "wait", "--for=condition=Established", "--timeout=60s", "-f", str(CRD_DIR))
+
+
+@dataclass
+class OperatorProcess:
+    """The operator run as a child process, the way a Deployment would run it."""
+
+    kubeconfig: str
+    endpoint_url: str
+    log: Path
+    extra_args: list[str] = field(default_factory=list)
+    extra_env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+    health_port: int = 0
+
+    def start(self, timeout: float = 60.0) -> None:
+        self.health_port = free_port()
+        env = dict(os.environ, KUBECONFIG=self.kubeconfig, **aws_env(self.endpoint_url))
+        env.update(self.extra_env)
+        env.setdefault("PROVISIONER_CLUSTER_ID", "dev")
+        self.proc = spawn(
+            [
+                sys.executable,
+                "-m",
+                "provisioner",
+                "run",
+                f"--liveness-port={self.health_port}",
+                *self.extra_args,
+            ],
+            self.log,
+            env=env,
+        )
+        wait_until(
+            lambda: _http_up(f"http://127.0.0.1:{self.health_port}/healthz"),
+            timeout=timeout,
+            what="operator",
+            proc=self.proc,
+            log=self.log,
+        )
+
+    def stop(self, kill: bool = False) -> None:
+        if self.proc is None:
+            return
+        if kill:
+            self.proc.kill()
+        else:
+            stop(self.proc.pid, timeout=15)
+        self.proc.wait()
+        self.proc = None
+
+
+class DevStack:
+    """The state behind `provisioner dev up/status/down`, kept in `.dev/`."""
+
+    def __init__(self, dev_dir: Path) -> None:
+        self.dev_dir = dev_dir
+        self.state_file = dev_dir / "state.json"
+
+    def load(self) -> dict | None:
+        try:
+            return json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def running(self, state: dict) -> bool:
+        pids = state.get("pids", {})
+        if not pids or not all(alive(pid) for pid in pids.values()):
+            return False
+        return healthy(ControlPlaneState(**state["controlplane"]))
+
+    def clean(self, state: dict | None) -> None:
+        if state:
+            for pid in state.get("pids", {}).values():
+                if alive(pid):
+                    stop(pid)
+            shutil.rmtree(state.get("data_dir", ""), ignore_errors=True)
+        for name in ("state.json", "env", "kubeconfig"):
+            (self.dev_dir / name).unlink(missing_ok=True)
+
+    def up(self, with_operator: bool = True) -> dict:
+        state = self.load()
+        if state and self.running(state):
+            return state
+        if state:
+            print("provisioner: found a stale .dev/ from a dead run; cleaning it", file=sys.stderr)
+        self.clean(state)
+        paths = binaries.ensure_binaries()
+        self.dev_dir.mkdir(parents=True, exist_ok=True)
+        data_dir = Path(tempfile.mkdtemp(prefix="provisioner-dev-"))
+        started = time.monotonic()
+        cp = ControlPlane(data_dir / "controlplane", paths)
+        moto = MotoServer(log=self.dev_dir / "moto.log")
+        operator = None
+        try:
+            cp_state = cp.start()
+            moto.start()
+            install_crds(cp.kubeconfig)
+            kubeconfig = self.dev_dir / "kubeconfig"
+            shutil.copy(cp.kubeconfig, kubeconfig)
+            kubeconfig.chmod(0o600)
+            if with_operator:
+                operator = OperatorProcess(
+                    kubeconfig=str(kubeconfig),
+                    endpoint_url=moto.url,
+                    log=self.dev_dir / "operator.log",
+                )
+                operator.start()
+        except BaseException:
+            if operator:
+                operator.stop()
+            moto.stop()
+            cp.stop()
+            shutil.rmtree(data_dir, ignore_errors=True)
+            raise
+        pids = dict(cp_state.pids)
+        assert moto.proc is not None
+        pids["moto"] = moto.proc.pid
+        if operator and operator.proc:
+            pids["operator"] = operator.proc.pid
+        state = {
+            "data_dir": str(data_dir),
+            "controlplane": cp_state.to_json(),
+            "kubeconfig": str(self.dev_dir / "kubeconfig"),
+            "moto_url": moto.url,
+            "pids": pids,
+            "started_in_seconds": round(time.monotonic() - started, 2),
+        }
+        self.state_file.write_text(json.dumps(state, indent=2))
+        env_lines = {
+            "KUBECONFIG": str((self.dev_dir / "kubeconfig").resolve()),
+            **aws_env(moto.url),
+        }
+        (self.dev_dir / "env").write_text(
+            "".join(f"export {k}={v}\n" for k, v in env_lines.items())
+        )
+        return state
+
+    def down(self) -> bool:
+        state = self.load()
+        self.clean(state)
+        return state is not None

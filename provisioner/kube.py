@@ -1,0 +1,119 @@
+"""The few Kubernetes API calls the operator makes itself (kopf makes the rest).
+
+Plain dicts in and out through the kubernetes client's transport: no model
+(de)serialisation, so a call costs little CPU and memory.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+
+from provisioner import API_VERSION
+
+PLURALS = {"DatabaseInstance": "databaseinstances", "S3Bucket": "s3buckets", "Queue": "queues"}
+
+
+class KubeError(RuntimeError):
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+def load_config() -> kubernetes.client.Configuration:
+    config = kubernetes.client.Configuration()
+    try:
+        kubernetes.config.load_incluster_config(client_configuration=config)
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config(client_configuration=config)
+    return config
+
+
+class Kube:
+    def __init__(self, pool_size: int = 32, config: kubernetes.client.Configuration | None = None):
+        config = config or load_config()
+        config.connection_pool_maxsize = pool_size
+        self.api = kubernetes.client.ApiClient(configuration=config)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        *,
+        content_type: str = "application/json",
+        query: list[tuple[str, str]] | None = None,
+    ) -> dict[str, Any] | None:
+        """Returns the decoded response; None for a 404."""
+        try:
+            resp = self.api.call_api(
+                path,
+                method,
+                query_params=query or [],
+                header_params={"Content-Type": content_type, "Accept": "application/json"},
+                body=body,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _return_http_data_only=True,
+                _request_timeout=30,
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            try:
+                payload = json.loads(exc.body or "{}")
+            except ValueError:
+                payload = {}
+            raise KubeError(
+                int(exc.status or 0),
+                str(payload.get("reason") or exc.reason),
+                str(payload.get("message") or exc.reason),
+            ) from None
+        data = resp.data
+        return json.loads(data) if data else {}
+
+    # Secrets -------------------------------------------------------------------
+
+    @staticmethod
+    def _secret_path(namespace: str, name: str = "") -> str:
+        base = f"/api/v1/namespaces/{namespace}/secrets"
+        return f"{base}/{name}" if name else base
+
+    def get_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.request("GET", self._secret_path(namespace, name))
+
+    def create_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        return self.request("POST", self._secret_path(namespace), body)
+
+    def replace_secret(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+        self.request("PUT", self._secret_path(namespace, name), body)
+
+    def delete_secret(self, namespace: str, name: str, uid: str | None = None) -> None:
+        body = {"preconditions": {"uid": uid}} if uid else None
+        try:
+            self.request("DELETE", self._secret_path(namespace, name), body)
+        except KubeError as exc:
+            if exc.status != 409:  # uid precondition failed: it is someone else's now
+                raise
+
+    # Custom resources -----------------------------------------------------------
+
+    @staticmethod
+    def _cr_path(kind: str, namespace: str, name: str) -> str:
+        return f"/apis/{API_VERSION}/namespaces/{namespace}/{PLURALS[kind]}/{name}"
+
+    def get_resource(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.request("GET", self._cr_path(kind, namespace, name))
+
+    def patch_status(self, kind: str, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self.request(
+            "PATCH",
+            self._cr_path(kind, namespace, name) + "/status",
+            {"status": status},
+            content_type="application/merge-patch+json",
+        )
