@@ -138,7 +138,11 @@ def generate(directory: Path) -> Pki:
 
     issue("apiserver", _name("kube-apiserver"), server=True)
     issue("admin", _name("provisioner-admin", "system:masters"), server=False)
-    issue("controller-manager", _name("system:kube-controller-manager"), server=False)
+    # The namespace and garbage collectors delete every kind of object; a dev control
+    # plane without per-controller service accounts gives them cluster-admin.
+    issue(
+        "controller-manager", _name("system:kube-controller-manager", "system:masters"), server=False
+    )
 
     sa_key = _key()
     _write_key(pki.sa_key, sa_key)

@@ -1,0 +1,203 @@
+"""DatabaseInstance: one RDS DB instance named `resource.external_name`."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from provisioner.cloud import errors, tag_changes, tag_diffs
+from provisioner.cloud.aws import Aws
+from provisioner.cloud.base import FieldDiff, Observation, owner_of
+from provisioner.models import Resource
+
+# Mutable spec fields: (contract field, spec attribute, DescribeDBInstances key).
+# A spec value of None means "whatever the cloud chose".
+MUTABLE = (
+    ("spec.instanceClass", "instance_class", "DBInstanceClass"),
+    ("spec.allocatedStorageGiB", "allocated_storage_gib", "AllocatedStorage"),
+    ("spec.engineVersion", "engine_version", "EngineVersion"),
+    ("spec.port", "port", "Port"),
+    ("spec.multiAZ", "multi_az", "MultiAZ"),
+    ("spec.publiclyAccessible", "publicly_accessible", "PubliclyAccessible"),
+    ("spec.backupRetentionDays", "backup_retention_days", "BackupRetentionPeriod"),
+)
+# ModifyDBInstance takes the DescribeDBInstances names, except for the port.
+MODIFY_PARAM = {field: key for field, _, key in MUTABLE} | {"spec.port": "DBPortNumber"}
+
+# States in which the instance exists and serves connections (Ready stays True);
+# "configuring-*" states count too.
+USABLE_STATES = set(
+    "available modifying backing-up upgrading rebooting storage-optimization".split()
+)
+
+
+class RdsClient:
+    kind = "DatabaseInstance"
+
+    def __init__(self, aws: Aws) -> None:
+        self.aws = aws
+
+    def _rds(self, resource: Resource) -> Any:
+        return self.aws.client("rds", resource.region)
+
+    def observe(self, resource: Resource) -> Observation:
+        rds = self._rds(resource)
+        try:
+            found = self.aws.call(
+                rds.describe_db_instances, DBInstanceIdentifier=resource.external_name
+            )
+        except errors.NotFoundError:
+            return Observation(exists=False)
+        instance = found["DBInstances"][0]
+        state = instance.get("DBInstanceStatus", "")
+        endpoint = instance.get("Endpoint") or {}
+        host, port = endpoint.get("Address", ""), str(endpoint.get("Port", ""))
+        arn = instance.get("DBInstanceArn", "")
+        return Observation(
+            exists=True,
+            owner_uid=owner_of(_tags(instance)),
+            available=state in USABLE_STATES or state.startswith("configuring-"),
+            deleting=state == "deleting",
+            state=state,
+            arn=arn,
+            diffs=_diffs(resource, instance),
+            connection={
+                "host": host,
+                "port": port,
+                "username": instance.get("MasterUsername", ""),
+                "database": instance.get("DBName") or "",
+                "engine": instance.get("Engine", ""),
+                "arn": arn,
+            },
+            status={"endpoint": f"{host}:{port}" if host else ""},
+            raw={"instance": instance},
+        )
+
+    def create(self, resource: Resource, secrets: dict[str, str]) -> None:
+        spec = resource.spec
+        optional = {
+            "EngineVersion": spec.engine_version,
+            "DBName": spec.database_name,
+            "Port": spec.port,
+        }
+        self.aws.call(
+            self._rds(resource).create_db_instance,
+            DBInstanceIdentifier=resource.external_name,
+            Engine=spec.engine,
+            DBInstanceClass=spec.instance_class,
+            AllocatedStorage=spec.allocated_storage_gib,
+            MasterUsername=spec.master_username,
+            MasterUserPassword=secrets["password"],
+            MultiAZ=spec.multi_az,
+            PubliclyAccessible=spec.publicly_accessible,
+            BackupRetentionPeriod=spec.backup_retention_days,
+            Tags=[{"Key": k, "Value": v} for k, v in resource.desired_tags.items()],
+            **{k: v for k, v in optional.items() if v is not None},
+        )
+
+    def update(self, resource: Resource, observation: Observation) -> None:
+        instance = observation.raw["instance"]
+        changes = {diff.field: diff for diff in _diffs(resource, instance)}
+        tags = changes.pop("tags", None)
+        rds = self._rds(resource)
+        if tags is not None:
+            to_set, to_remove = tag_changes(_tags(instance), tags.desired)
+            arn = instance["DBInstanceArn"]
+            if to_set:
+                pairs = [{"Key": k, "Value": v} for k, v in to_set.items()]
+                self.aws.call(rds.add_tags_to_resource, ResourceName=arn, Tags=pairs)
+            if to_remove:
+                self.aws.call(rds.remove_tags_from_resource, ResourceName=arn, TagKeys=to_remove)
+        if not changes:
+            return
+        storage = changes.get("spec.allocatedStorageGiB")
+        if storage is not None and storage.desired < storage.observed:
+            raise errors.TerminalError(
+                f"allocatedStorageGiB cannot shrink from {storage.observed} to {storage.desired}",
+                "InvalidParameterCombination",
+            )
+        if (state := instance.get("DBInstanceStatus", "")) != "available":
+            raise errors.RetryableError(
+                f"instance is {state}; will retry", "InvalidDBInstanceState"
+            )
+        params = {MODIFY_PARAM[field]: diff.desired for field, diff in changes.items()}
+        version = changes.get("spec.engineVersion")
+        if version is not None and _is_major_upgrade(resource.spec.engine, version):
+            params["AllowMajorVersionUpgrade"] = True
+        self.aws.call(
+            rds.modify_db_instance,
+            DBInstanceIdentifier=resource.external_name,
+            ApplyImmediately=True,
+            **params,
+        )
+
+    def delete(self, resource: Resource, observation: Observation) -> None:
+        if observation.deleting or resource.deletion_policy == "Retain":
+            return
+        name = resource.external_name
+        if resource.deletion_policy == "Snapshot":
+            # SkipFinalSnapshot=False is AWS's default; moto needs it spelled out.
+            final = {
+                "FinalDBSnapshotIdentifier": f"{name}-final-{int(time.time())}",
+                "SkipFinalSnapshot": False,
+            }
+        else:
+            final = {"SkipFinalSnapshot": True, "DeleteAutomatedBackups": True}
+        try:
+            self.aws.call(
+                self._rds(resource).delete_db_instance, DBInstanceIdentifier=name, **final
+            )
+        except errors.NotFoundError:
+            return
+
+    def set_password(self, resource: Resource, password: str) -> None:
+        self.aws.call(
+            self._rds(resource).modify_db_instance,
+            DBInstanceIdentifier=resource.external_name,
+            MasterUserPassword=password,
+            ApplyImmediately=True,
+        )
+
+
+def _tags(instance: dict[str, Any]) -> dict[str, str]:
+    return {tag["Key"]: tag["Value"] for tag in instance.get("TagList") or []}
+
+
+def _current(instance: dict[str, Any]) -> dict[str, Any]:
+    """The instance's values, pending modifications counted as already applied."""
+    current = {key: instance.get(key) for _, _, key in MUTABLE}
+    current["Port"] = (instance.get("Endpoint") or {}).get("Port")
+    pending = instance.get("PendingModifiedValues") or {}
+    current.update({key: pending[key] for key in current if key in pending})
+    return current
+
+
+def _same(field: str, observed: Any, desired: Any) -> bool:
+    if field == "spec.engineVersion":
+        # "15" asks for any 15.x: the cloud picks the minor version.
+        return str(observed) == desired or str(observed).startswith(f"{desired}.")
+    return observed == desired
+
+
+def _diffs(resource: Resource, instance: dict[str, Any]) -> list[FieldDiff]:
+    current = _current(instance)
+    diffs = []
+    for field, attr, key in MUTABLE:
+        desired, observed = getattr(resource.spec, attr), current[key]
+        # Skip what the spec leaves to the cloud and what the cloud does not report yet.
+        if desired is None or observed is None or _same(field, observed, desired):
+            continue
+        diffs.append(FieldDiff(field, observed, desired))
+    return diffs + tag_diffs(_tags(instance), resource.desired_tags)
+
+
+def _is_major_upgrade(engine: str, version: FieldDiff) -> bool:
+    return _major(engine, version.observed) != _major(engine, version.desired)
+
+
+def _major(engine: str, version: str) -> str:
+    """RDS major version: "16" for postgres >= 10, else two parts ("9.6", "8.0", "10.11")."""
+    parts = str(version).split(".")
+    if engine == "postgres" and parts[0].isdigit() and int(parts[0]) >= 10:
+        return parts[0]
+    return ".".join(parts[:2])

@@ -1,0 +1,226 @@
+"""S3Bucket: one S3 bucket named `resource.external_name`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from provisioner.cloud import errors, tag_diffs
+from provisioner.cloud.aws import Aws
+from provisioner.cloud.base import FieldDiff, Observation, owner_of
+from provisioner.models import Resource
+
+LIFECYCLE_RULE_ID = "provisioner-expire"
+PUBLIC_ACCESS_KEYS = (
+    "BlockPublicAcls IgnorePublicAcls BlockPublicPolicy RestrictPublicBuckets".split()
+)
+# ListObjectVersions page size, and the most keys one DeleteObjects takes.
+PAGE_SIZE = 1000
+# A setter turns a desired value into (S3 operation, its arguments besides Bucket).
+Setter = Callable[[Any], tuple[str, dict[str, Any]]]
+
+
+def _versioning(on: bool) -> tuple[str, dict[str, Any]]:
+    status = "Enabled" if on else "Suspended"
+    return "put_bucket_versioning", {"VersioningConfiguration": {"Status": status}}
+
+
+def _encryption(algorithm: str) -> tuple[str, dict[str, Any]]:
+    rule = {"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": algorithm}}
+    return "put_bucket_encryption", {"ServerSideEncryptionConfiguration": {"Rules": [rule]}}
+
+
+def _public_access(block: bool) -> tuple[str, dict[str, Any]]:
+    if not block:
+        return "delete_public_access_block", {}
+    config = dict.fromkeys(PUBLIC_ACCESS_KEYS, True)
+    return "put_public_access_block", {"PublicAccessBlockConfiguration": config}
+
+
+def _lifecycle(days: int | None) -> tuple[str, dict[str, Any]]:
+    if days is None:
+        return "delete_bucket_lifecycle", {}
+    rule = {
+        "ID": LIFECYCLE_RULE_ID,
+        "Status": "Enabled",
+        "Filter": {"Prefix": ""},
+        "Expiration": {"Days": days},
+    }
+    return "put_bucket_lifecycle_configuration", {"LifecycleConfiguration": {"Rules": [rule]}}
+
+
+# Mutable spec fields: contract field -> (spec attribute, setter).
+FIELDS: dict[str, tuple[str, Setter]] = {
+    "spec.versioning": ("versioning", _versioning),
+    "spec.encryption": ("encryption", _encryption),
+    "spec.blockPublicAccess": ("block_public_access", _public_access),
+    "spec.lifecycle.expireAfterDays": ("expire_after_days", _lifecycle),
+}
+
+
+class S3Client:
+    kind = "S3Bucket"
+
+    def __init__(self, aws: Aws) -> None:
+        self.aws = aws
+
+    def _s3(self, resource: Resource) -> Any:
+        return self.aws.client("s3", resource.region)
+
+    def _get(self, fn: Any, bucket: str) -> dict[str, Any]:
+        """A Get* sub-resource call; its not-found code means "unset" ({})."""
+        try:
+            return self.aws.call(fn, Bucket=bucket)
+        except errors.NotFoundError:
+            return {}
+
+    def observe(self, resource: Resource) -> Observation:
+        s3, name = self._s3(resource), resource.external_name
+        try:
+            head = self.aws.call(s3.head_bucket, Bucket=name)
+        except errors.NotFoundError:
+            return Observation(exists=False)
+        except errors.TerminalError as exc:
+            if exc.code not in ("403", "AccessDenied"):
+                raise
+            # The name is taken by another account (or we may not even look at it).
+            return Observation(exists=True, available=False, state="forbidden")
+        tags = self._tags(s3, name)
+        config = self._config(s3, name)
+        region = head.get("BucketRegion") or resource.region
+        arn = f"arn:aws:s3:::{name}"
+        endpoint = self.aws.settings.endpoint_url or f"https://s3.{region}.amazonaws.com"
+        return Observation(
+            exists=True,
+            owner_uid=owner_of(tags),
+            state="available",
+            arn=arn,
+            diffs=_diffs(resource, config, tags),
+            connection={"bucket": name, "region": region, "arn": arn, "endpoint": endpoint},
+            raw={"config": config, "tags": tags},
+        )
+
+    def create(self, resource: Resource, secrets: dict[str, str]) -> None:
+        s3, name, region = self._s3(resource), resource.external_name, resource.region
+        where = {"LocationConstraint": region}
+        try:
+            if region == "us-east-1":  # the one region that takes no LocationConstraint
+                self.aws.call(s3.create_bucket, Bucket=name)
+            else:
+                self.aws.call(s3.create_bucket, Bucket=name, CreateBucketConfiguration=where)
+        except errors.ConflictError as exc:
+            if exc.code != "BucketAlreadyOwnedByYou":
+                raise
+        # "Already owned by you" (or us-east-1's silent 200) may be another resource's bucket.
+        tags = self._tags(s3, name)
+        if tags and owner_of(tags) != resource.uid:
+            raise errors.ConflictError(
+                f"bucket {name} already exists and is not owned by {resource.ref}",
+                "BucketAlreadyExists",
+            )
+        # CreateBucket takes no tags: tag right away, then configure.
+        self._put_tags(s3, resource)
+        for diff in _diffs(resource, self._config(s3, name), resource.desired_tags):
+            self._apply(s3, resource, diff)
+
+    def update(self, resource: Resource, observation: Observation) -> None:
+        s3 = self._s3(resource)
+        for diff in _diffs(resource, observation.raw["config"], observation.raw["tags"]):
+            self._apply(s3, resource, diff)
+
+    def delete(self, resource: Resource, observation: Observation) -> None:
+        s3, name = self._s3(resource), resource.external_name
+        try:
+            if resource.spec.force_destroy:
+                self._empty(s3, name)
+            elif self._versions(s3, name, 1):
+                raise errors.DeletionBlocked(
+                    f"bucket {name} still holds objects; set spec.forceDestroy: true to empty it "
+                    "on deletion, or empty it yourself",
+                    "BucketNotEmpty",
+                )
+            self.aws.call(s3.delete_bucket, Bucket=name)
+        except errors.NotFoundError:
+            return
+        except errors.ConflictError as exc:
+            if exc.code != "BucketNotEmpty":
+                raise
+            raise errors.RetryableError(
+                f"bucket {name} got new objects; will retry", exc.code
+            ) from None
+
+    def set_password(self, resource: Resource, password: str) -> None:
+        raise NotImplementedError("an S3 bucket has no password")
+
+    def _tags(self, s3: Any, name: str) -> dict[str, str]:
+        tag_set = self._get(s3.get_bucket_tagging, name).get("TagSet") or []
+        return {tag["Key"]: tag["Value"] for tag in tag_set}
+
+    def _put_tags(self, s3: Any, resource: Resource) -> None:
+        tag_set = [{"Key": k, "Value": v} for k, v in resource.desired_tags.items()]
+        self.aws.call(
+            s3.put_bucket_tagging, Bucket=resource.external_name, Tagging={"TagSet": tag_set}
+        )
+
+    def _config(self, s3: Any, name: str) -> dict[str, Any]:
+        """The bucket's configuration keyed by contract field."""
+        versioning = self._get(s3.get_bucket_versioning, name)
+        encryption = self._get(s3.get_bucket_encryption, name)
+        rules = encryption.get("ServerSideEncryptionConfiguration", {}).get("Rules") or [{}]
+        default = rules[0].get("ApplyServerSideEncryptionByDefault") or {}
+        block = self._get(s3.get_public_access_block, name).get("PublicAccessBlockConfiguration")
+        lifecycle = self._get(s3.get_bucket_lifecycle_configuration, name).get("Rules") or []
+        return {
+            "spec.versioning": versioning.get("Status") == "Enabled",
+            "spec.encryption": default.get("SSEAlgorithm"),
+            "spec.blockPublicAccess": bool(block) and all(block.get(k) for k in PUBLIC_ACCESS_KEYS),
+            "spec.lifecycle.expireAfterDays": _expire_days(lifecycle),
+        }
+
+    def _apply(self, s3: Any, resource: Resource, diff: FieldDiff) -> None:
+        if diff.field == "tags":
+            self._put_tags(s3, resource)
+            return
+        operation, kwargs = FIELDS[diff.field][1](diff.desired)
+        self.aws.call(getattr(s3, operation), Bucket=resource.external_name, **kwargs)
+
+    def _versions(self, s3: Any, name: str, limit: int) -> list[dict[str, str]]:
+        """Up to `limit` object versions and delete markers (the first page, no markers)."""
+        answer = self.aws.call(s3.list_object_versions, Bucket=name, MaxKeys=limit)
+        return [
+            {"Key": item["Key"], "VersionId": item["VersionId"]}
+            for item in answer.get("Versions", []) + answer.get("DeleteMarkers", [])
+        ]
+
+    def _empty(self, s3: Any, name: str) -> None:
+        # Delete the first page until there is none: the version-id marker of a version just
+        # deleted is no reliable place to resume listing from (moto restarts or skips).
+        while keys := self._versions(s3, name, PAGE_SIZE):
+            answer = self.aws.call(
+                s3.delete_objects, Bucket=name, Delete={"Objects": keys, "Quiet": True}
+            )
+            if answer.get("Errors"):
+                error = answer["Errors"][0]
+                raise errors.DeletionBlocked(
+                    f"cannot empty bucket {name}: {error.get('Key')}: {error.get('Message')}",
+                    error.get("Code", ""),
+                )
+
+
+def _expire_days(rules: list[dict[str, Any]]) -> int | str | None:
+    """Our single expiry rule's days; None when there are no rules; a note for anything else."""
+    if not rules:
+        return None
+    rule = rules[0]
+    if len(rules) == 1 and rule.get("ID") == LIFECYCLE_RULE_ID and rule.get("Status") == "Enabled":
+        return rule.get("Expiration", {}).get("Days")
+    return f"{len(rules)} other lifecycle rule(s)"
+
+
+def _diffs(resource: Resource, config: dict[str, Any], tags: dict[str, str]) -> list[FieldDiff]:
+    diffs = []
+    for field, (attr, _) in FIELDS.items():
+        desired = getattr(resource.spec, attr)
+        if config[field] != desired:
+            diffs.append(FieldDiff(field, config[field], desired))
+    return diffs + tag_diffs(tags, resource.desired_tags)

@@ -1,0 +1,154 @@
+"""Queue: one SQS queue named `resource.external_name`.
+
+The reconciler resolves `spec.deadLetter.queueRef` to the target queue's ARN and passes it
+as `dead_letter_arn` (None: no redrive policy wanted).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from provisioner.cloud import errors, tag_changes, tag_diffs
+from provisioner.cloud.aws import Aws
+from provisioner.cloud.base import FieldDiff, Observation, owner_of
+from provisioner.models import Resource
+
+# Mutable spec fields: (contract field, spec attribute, queue attribute).
+ATTRIBUTES = (
+    ("spec.visibilityTimeoutSeconds", "visibility_timeout_seconds", "VisibilityTimeout"),
+    ("spec.messageRetentionSeconds", "message_retention_seconds", "MessageRetentionPeriod"),
+    ("spec.delaySeconds", "delay_seconds", "DelaySeconds"),
+)
+REDRIVE_FIELD = "spec.deadLetter"
+
+
+class SqsClient:
+    kind = "Queue"
+
+    def __init__(self, aws: Aws) -> None:
+        self.aws = aws
+
+    def _sqs(self, resource: Resource) -> Any:
+        return self.aws.client("sqs", resource.region)
+
+    def observe(self, resource: Resource, dead_letter_arn: str | None = None) -> Observation:
+        sqs, name = self._sqs(resource), resource.external_name
+        try:
+            url = self.aws.call(sqs.get_queue_url, QueueName=name)["QueueUrl"]
+            attrs = self.aws.call(sqs.get_queue_attributes, QueueUrl=url, AttributeNames=["All"])
+            tags = self.aws.call(sqs.list_queue_tags, QueueUrl=url).get("Tags") or {}
+        except errors.NotFoundError:
+            return Observation(exists=False)
+        attributes = attrs.get("Attributes") or {}
+        arn = attributes.get("QueueArn", "")
+        return Observation(
+            exists=True,
+            owner_uid=owner_of(tags),
+            state="available",
+            arn=arn,
+            diffs=_diffs(resource, attributes, tags, dead_letter_arn),
+            connection={
+                "queueUrl": url,
+                "queueArn": arn,
+                "queueName": name,
+                "region": resource.region,
+            },
+            status={"queueUrl": url},
+            raw={"url": url, "attributes": attributes, "tags": tags},
+        )
+
+    def create(
+        self, resource: Resource, secrets: dict[str, str], dead_letter_arn: str | None = None
+    ) -> None:
+        spec, sqs = resource.spec, self._sqs(resource)
+        attributes = {key: str(getattr(spec, attr)) for _, attr, key in ATTRIBUTES}
+        if spec.fifo:
+            attributes["FifoQueue"] = "true"
+        if dead_letter_arn:
+            attributes["RedrivePolicy"] = json.dumps(_redrive(resource, dead_letter_arn))
+        url = self.aws.call(
+            sqs.create_queue,
+            QueueName=resource.external_name,
+            Attributes=attributes,
+            tags=resource.desired_tags,
+        )["QueueUrl"]
+        # CreateQueue answers with the existing queue when every attribute matches.
+        tags = self.aws.call(sqs.list_queue_tags, QueueUrl=url).get("Tags") or {}
+        if owner_of(tags) != resource.uid:
+            raise errors.ConflictError(
+                f"queue {resource.external_name} already exists and is not owned by {resource.ref}",
+                "QueueNameExists",
+            )
+
+    def update(
+        self, resource: Resource, observation: Observation, dead_letter_arn: str | None = None
+    ) -> None:
+        sqs, raw = self._sqs(resource), observation.raw
+        changes = {
+            d.field: d for d in _diffs(resource, raw["attributes"], raw["tags"], dead_letter_arn)
+        }
+        tags = changes.pop("tags", None)
+        key_of = {field: key for field, _, key in ATTRIBUTES}
+        attributes = {key_of[f]: str(d.desired) for f, d in changes.items() if f in key_of}
+        if REDRIVE_FIELD in changes:
+            policy = changes[REDRIVE_FIELD].desired
+            attributes["RedrivePolicy"] = json.dumps(policy) if policy else ""
+        if attributes:
+            self.aws.call(sqs.set_queue_attributes, QueueUrl=raw["url"], Attributes=attributes)
+        if tags is not None:
+            to_set, to_remove = tag_changes(raw["tags"], tags.desired)
+            if to_set:
+                self.aws.call(sqs.tag_queue, QueueUrl=raw["url"], Tags=to_set)
+            if to_remove:
+                self.aws.call(sqs.untag_queue, QueueUrl=raw["url"], TagKeys=to_remove)
+
+    def delete(self, resource: Resource, observation: Observation) -> None:
+        sqs = self._sqs(resource)
+        try:
+            url = (
+                observation.raw.get("url")
+                or self.aws.call(sqs.get_queue_url, QueueName=resource.external_name)["QueueUrl"]
+            )
+            self.aws.call(sqs.delete_queue, QueueUrl=url)
+        except errors.NotFoundError:
+            return
+
+    def set_password(self, resource: Resource, password: str) -> None:
+        raise NotImplementedError("an SQS queue has no password")
+
+
+def _redrive(resource: Resource, dead_letter_arn: str) -> dict[str, Any]:
+    return {
+        "deadLetterTargetArn": dead_letter_arn,
+        "maxReceiveCount": resource.spec.max_receive_count,
+    }
+
+
+def _parse_redrive(policy: str | None) -> dict[str, Any] | None:
+    if not policy:
+        return None
+    parsed = json.loads(policy)
+    return {
+        "deadLetterTargetArn": parsed.get("deadLetterTargetArn"),
+        "maxReceiveCount": int(parsed.get("maxReceiveCount", 0)),
+    }
+
+
+def _diffs(
+    resource: Resource,
+    attributes: dict[str, str],
+    tags: dict[str, str],
+    dead_letter_arn: str | None,
+) -> list[FieldDiff]:
+    diffs = []
+    for field, attr, key in ATTRIBUTES:
+        desired, observed = getattr(resource.spec, attr), attributes.get(key)
+        observed = int(observed) if observed is not None else None
+        if observed != desired:
+            diffs.append(FieldDiff(field, observed, desired))
+    desired_redrive = _redrive(resource, dead_letter_arn) if dead_letter_arn else None
+    observed_redrive = _parse_redrive(attributes.get("RedrivePolicy"))
+    if observed_redrive != desired_redrive:
+        diffs.append(FieldDiff(REDRIVE_FIELD, observed_redrive, desired_redrive))
+    return diffs + tag_diffs(tags, resource.desired_tags)

@@ -1,0 +1,105 @@
+"""Waiting on conditions with a deadline, and reading what a user would read."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def wait_for(
+    probe: Callable[[], T | None], *, timeout: float = 60, what: str = "condition", every: float = 0.2
+) -> T:
+    """Poll `probe` until it returns something truthy; fail with the last value seen."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last seen: {last!r}")
+
+
+def get(kube, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+    result = kube.kubectl("get", kind, name, "-n", namespace, "-o", "json", check=False)
+    if result.returncode != 0:
+        if "NotFound" in result.stderr or "not found" in result.stderr:
+            return None
+        raise AssertionError(result.stderr)
+    return json.loads(result.stdout)
+
+
+def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
+    for c in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if c.get("type") == type_:
+            return c
+    return None
+
+
+def is_true(obj: dict[str, Any] | None, type_: str) -> bool:
+    c = condition(obj, type_)
+    return bool(c and c.get("status") == "True")
+
+
+def wait_ready(kube, kind: str, namespace: str, name: str, timeout: float = 60) -> dict[str, Any]:
+    def probe() -> dict[str, Any] | None:
+        obj = get(kube, kind, namespace, name)
+        if obj and is_true(obj, "Ready") and is_true(obj, "Synced"):
+            if obj["status"].get("observedGeneration") == obj["metadata"]["generation"]:
+                return obj
+        return None
+
+    return wait_for(probe, timeout=timeout, what=f"{kind} {namespace}/{name} Ready")
+
+
+def wait_condition(
+    kube,
+    kind: str,
+    namespace: str,
+    name: str,
+    type_: str,
+    status: str,
+    reason: str,
+    timeout: float = 60,
+) -> dict[str, Any]:
+    def probe() -> dict[str, Any] | None:
+        obj = get(kube, kind, namespace, name)
+        c = condition(obj, type_)
+        if c and c.get("status") == status and c.get("reason") == reason:
+            return obj
+        return None
+
+    return wait_for(probe, timeout=timeout, what=f"{kind} {name} {type_}={status}/{reason}")
+
+
+def wait_gone(kube, kind: str, namespace: str, name: str, timeout: float = 60) -> None:
+    wait_for(
+        lambda: get(kube, kind, namespace, name) is None,
+        timeout=timeout,
+        what=f"{kind} {namespace}/{name} to be gone",
+    )
+
+
+def secret_data(kube, namespace: str, name: str) -> dict[str, str] | None:
+    result = kube.kubectl("get", "secret", name, "-n", namespace, "-o", "json", check=False)
+    if result.returncode != 0:
+        return None
+    data = json.loads(result.stdout).get("data") or {}
+    return {k: base64.b64decode(v).decode() for k, v in data.items()}
+
+
+def events(kube, namespace: str, name: str) -> list[dict[str, Any]]:
+    result = kube.kubectl(
+        "get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}",
+        "-o", "json",
+    )
+    return json.loads(result.stdout)["items"]
+
+
+def apply(kube, namespace: str, manifest: str) -> None:
+    kube.kubectl("apply", "-n", namespace, "-f", "-", input=manifest)
