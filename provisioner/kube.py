@@ -50,31 +50,31 @@ class Kube:
         query: list[tuple[str, str]] | None = None,
     ) -> dict[str, Any] | None:
         """Returns the decoded response; None for a 404."""
+        method, url, headers, body, post = self.api.param_serialize(
+            method,
+            path,
+            query_params=query or [],
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
         try:
-            resp = self.api.call_api(
-                path,
-                method,
-                query_params=query or [],
-                header_params={"Content-Type": content_type, "Accept": "application/json"},
-                body=body,
-                auth_settings=["BearerToken"],
-                _preload_content=False,
-                _return_http_data_only=True,
-                _request_timeout=30,
-            )
+            resp = self.api.call_api(method, url, headers, body, post, _request_timeout=30)
         except ApiException as exc:
-            if exc.status == 404:
-                return None
+            raise KubeError(int(exc.status or 0), str(exc.reason), str(exc.reason)) from None
+        data = resp.read()
+        if resp.status == 404:
+            return None
+        if resp.status >= 400:
             try:
-                payload = json.loads(exc.body or "{}")
+                payload = json.loads(data or b"{}")
             except ValueError:
                 payload = {}
             raise KubeError(
-                int(exc.status or 0),
-                str(payload.get("reason") or exc.reason),
-                str(payload.get("message") or exc.reason),
-            ) from None
-        data = resp.data
+                resp.status,
+                str(payload.get("reason") or resp.reason),
+                str(payload.get("message") or resp.reason),
+            )
         return json.loads(data) if data else {}
 
     # Secrets -------------------------------------------------------------------

@@ -81,6 +81,7 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
         configure_kopf(settings, reconciler.settings)
 
     kopf.on.startup(registry=registry)(startup)
+    kopf.on.login(registry=registry)(kopf.login_via_client)
 
     async def on_change(body: Any, patch: kopf.Patch, retry: int, **_: Any) -> None:
         raw = plain(body)

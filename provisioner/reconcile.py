@@ -152,23 +152,22 @@ class Reconciler:
         )
 
     def emit(self, body: dict[str, Any], resource: Resource, result: Result) -> None:
-        """Post the Result's own Events plus one per condition that changed."""
+        """Post the Result's own Events plus one per state change of a condition.
+
+        Synced=True is news only when it recovers from False; Ready changes always are.
+        """
         for event in result.events:
             self.post_event(body, event)
         for c in result.conditions:
-            if cond.changed(resource.status, c):
-                kind = (
-                    "Normal"
-                    if c.status
-                    or c.reason
-                    in (
-                        cond.CREATING,
-                        cond.DELETING,
-                        cond.WAITING_FOR_DEPENDENCY,
-                    )
-                    else "Warning"
-                )
-                self.post_event(body, Event(kind, f"{c.type}{c.reason}", c.message or c.reason))
+            if not cond.changed(resource.status, c):
+                continue
+            previous = cond.find(resource.status.get("conditions"), c.type)
+            if c.type == cond.SYNCED and c.status and (previous is None or previous["status"] == "True"):
+                continue
+            quiet = c.status or c.reason in (cond.CREATING, cond.DELETING, cond.WAITING_FOR_DEPENDENCY)
+            self.post_event(
+                body, Event("Normal" if quiet else "Warning", c.reason, c.message or c.reason)
+            )
 
     # -- entry points ---------------------------------------------------------------
 
@@ -292,7 +291,7 @@ class Reconciler:
             pending = "; ".join(d.describe() for d in obs.diffs)
             return Result(
                 conditions=[
-                    cond.Condition(cond.READY, True, cond.AVAILABLE),
+                    cond.Condition(cond.READY, True, cond.AVAILABLE, f"{name} is available"),
                     cond.Condition(
                         cond.SYNCED,
                         False,
@@ -307,9 +306,10 @@ class Reconciler:
 
         await self._write_secret(resource, client, obs)
         fields["connectionSecret"] = resource.secret_name
+        available = f"{name} is available; connection Secret {resource.secret_name} is written"
         return Result(
             conditions=[
-                cond.Condition(cond.READY, True, cond.AVAILABLE),
+                cond.Condition(cond.READY, True, cond.AVAILABLE, available),
                 cond.Condition(cond.SYNCED, True, cond.RECONCILE_SUCCESS),
             ],
             fields=fields,

@@ -6,6 +6,8 @@ custom resources and Secrets, boto3 against moto's server for the cloud side.
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import shutil
 import subprocess
@@ -72,6 +74,22 @@ class Cluster:
             timeout=60,
         )
 
+    def cloud_requests(self, needle: str) -> list[str]:
+        """Every request moto received so far that mentions `needle` (a cloud name)."""
+        path = self.moto.record_to
+        if path is None or not path.exists():
+            return []
+        found = []
+        for line in path.read_text(errors="replace").splitlines():
+            entry = json.loads(line)
+            body = entry.get("body") or ""
+            if entry.get("body_encoded"):
+                body = base64.b64decode(body).decode(errors="replace")
+            text = f"{entry.get('url', '')} {body}"
+            if needle in text:
+                found.append(text)
+        return found
+
     def api_client(self) -> kubernetes.client.ApiClient:
         config = kubernetes.client.Configuration()
         kubernetes.config.load_kube_config(self.kubeconfig, client_configuration=config)
@@ -83,7 +101,7 @@ def cluster() -> Iterator[Cluster]:
     binaries = ensure_binaries()
     workdir = Path(tempfile.mkdtemp(prefix="provisioner-test-"))
     cp = ControlPlane(workdir / "controlplane", binaries)
-    moto = MotoServer(log=workdir / "moto.log")
+    moto = MotoServer(log=workdir / "moto.log", record_to=workdir / "moto-requests.jsonl")
     try:
         cp.start()
         moto.start()

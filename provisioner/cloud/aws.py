@@ -8,6 +8,7 @@ requeues with a growing delay after that.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -105,7 +106,7 @@ def classify(exc: BaseException) -> errors.CloudError:
             return errors.CredentialsError(f"AWS credentials were rejected: {message}", code)
         if code in THROTTLING_CODES or http >= 500 or http == 429:
             return errors.RetryableError(message, code)
-        if code in CONFLICT_CODES or http == 409:
+        if code in CONFLICT_CODES:
             return errors.ConflictError(message, code)
         return errors.TerminalError(message, code)
     if isinstance(
@@ -129,7 +130,12 @@ def classify(exc: BaseException) -> errors.CloudError:
     ):
         return errors.RetryableError(str(exc), type(exc).__name__)
     if isinstance(exc, botocore.exceptions.ParamValidationError):
-        return errors.TerminalError(str(exc), "ParamValidation")
+        # botocore quotes the offending values, which may be a password: keep only the names.
+        report = str(exc.kwargs.get("report", ""))
+        return errors.TerminalError(
+            "invalid request: " + re.sub(r", value: .*?(?=, type:|$)", "", report, flags=re.M),
+            "ParamValidation",
+        )
     if isinstance(exc, botocore.exceptions.BotoCoreError):
         return errors.RetryableError(str(exc), type(exc).__name__)
     raise exc

@@ -42,6 +42,8 @@ class MotoServer:
     log: Path
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
+    # Where moto appends one JSON line per request (tests count cloud calls with it).
+    record_to: Path | None = None
 
     @property
     def url(self) -> str:
@@ -50,6 +52,8 @@ class MotoServer:
     def start(self, timeout: float = 60.0) -> None:
         self.port = self.port or free_port()
         env = dict(os.environ, **DEV_CREDENTIALS, AWS_DEFAULT_REGION=DEV_REGION)
+        if self.record_to is not None:
+            env.update(MOTO_ENABLE_RECORDING="True", MOTO_RECORDER_FILEPATH=str(self.record_to))
         self.proc = spawn(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
             self.log,
