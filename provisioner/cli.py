@@ -84,6 +84,17 @@ def cmd_dev_up(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dev_demo(args: argparse.Namespace) -> int:
+    from provisioner.dev import demo
+    from provisioner.dev.binaries import BuildError
+    from provisioner.dev.processes import StartError
+
+    try:
+        return demo.run(_dev_stack())
+    except (BuildError, StartError, RuntimeError) as exc:
+        return _fail(str(exc))
+
+
 def cmd_dev_status(args: argparse.Namespace) -> int:
     from provisioner.dev.processes import alive
 
@@ -134,6 +145,9 @@ def parser() -> argparse.ArgumentParser:
     up = dev_sub.add_parser("up", help="start everything (idempotent)")
     up.add_argument("--no-operator", action="store_true", help="do not start the operator")
     up.set_defaults(func=cmd_dev_up)
+    dev_sub.add_parser("demo", help="up, apply examples/, show them Ready").set_defaults(
+        func=cmd_dev_demo
+    )
     status = dev_sub.add_parser("status", help="show what runs")
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=cmd_dev_status)

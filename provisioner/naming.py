@@ -28,13 +28,16 @@ def _join(prefix: str, suffix: str, limit: int, sep: str = "-") -> str:
     return f"{prefix}{sep}{suffix}" if prefix else suffix
 
 
+# Prefixes AWS reserves for bucket names.
+RESERVED_BUCKET_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
+
+
 def bucket_name(namespace: str, name: str, uid: str) -> str:
     """A valid S3 bucket name: 3-63 chars of [a-z0-9-], starts and ends alphanumeric."""
     base = _squash(f"{namespace}-{name}", "a-z0-9")
-    result = _join(base, uid_hash(uid), 63)
-    if not result[0].isalnum():
-        result = "b" + result[1:]
-    return result
+    if not base or base.startswith(RESERVED_BUCKET_PREFIXES) or not base[0].isalnum():
+        base = f"b-{base}".rstrip("-")
+    return _join(base, uid_hash(uid), 63)
 
 
 def queue_name(namespace: str, name: str, uid: str, *, fifo: bool) -> str:
@@ -47,7 +50,6 @@ def queue_name(namespace: str, name: str, uid: str, *, fifo: bool) -> str:
 def db_instance_identifier(namespace: str, name: str, uid: str) -> str:
     """A valid RDS identifier: 1-63 of [a-z0-9-], letter first, no '--', no trailing '-'."""
     base = _squash(f"{namespace}-{name}", "a-z0-9")
-    result = _join(base, uid_hash(uid), 63)
-    if not result[0].isalpha():
-        result = "d" + result[1:] if not result[0].isdigit() else ("d-" + result)[:63].rstrip("-")
-    return result
+    if not base or not base[0].isalpha():
+        base = f"d-{base}".rstrip("-")
+    return _join(base, uid_hash(uid), 63)

@@ -162,9 +162,17 @@ class Reconciler:
             if not cond.changed(resource.status, c):
                 continue
             previous = cond.find(resource.status.get("conditions"), c.type)
-            if c.type == cond.SYNCED and c.status and (previous is None or previous["status"] == "True"):
+            if (
+                c.type == cond.SYNCED
+                and c.status
+                and (previous is None or previous["status"] == "True")
+            ):
                 continue
-            quiet = c.status or c.reason in (cond.CREATING, cond.DELETING, cond.WAITING_FOR_DEPENDENCY)
+            quiet = c.status or c.reason in (
+                cond.CREATING,
+                cond.DELETING,
+                cond.WAITING_FOR_DEPENDENCY,
+            )
             self.post_event(
                 body, Event("Normal" if quiet else "Warning", c.reason, c.message or c.reason)
             )

@@ -156,7 +156,7 @@ def namespace(cluster: Cluster) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def aws(cluster: Cluster) -> "AwsClients":
+def aws(cluster: Cluster) -> AwsClients:
     env = aws_env(cluster.moto.url)
     session = boto3.session.Session(
         aws_access_key_id=env["AWS_ACCESS_KEY_ID"],

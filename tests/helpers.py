@@ -12,7 +12,11 @@ T = TypeVar("T")
 
 
 def wait_for(
-    probe: Callable[[], T | None], *, timeout: float = 60, what: str = "condition", every: float = 0.2
+    probe: Callable[[], T | None],
+    *,
+    timeout: float = 60,
+    what: str = "condition",
+    every: float = 0.2,
 ) -> T:
     """Poll `probe` until it returns something truthy; fail with the last value seen."""
     deadline = time.monotonic() + timeout
@@ -95,8 +99,14 @@ def secret_data(kube, namespace: str, name: str) -> dict[str, str] | None:
 
 def events(kube, namespace: str, name: str) -> list[dict[str, Any]]:
     result = kube.kubectl(
-        "get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}",
-        "-o", "json",
+        "get",
+        "events",
+        "-n",
+        namespace,
+        "--field-selector",
+        f"involvedObject.name={name}",
+        "-o",
+        "json",
     )
     return json.loads(result.stdout)["items"]
 

@@ -108,7 +108,7 @@ class S3Client:
                 self.aws.call(s3.create_bucket, Bucket=name)
             else:
                 self.aws.call(s3.create_bucket, Bucket=name, CreateBucketConfiguration=where)
-        except errors.ConflictError as exc:
+        except errors.CloudError as exc:
             if exc.code != "BucketAlreadyOwnedByYou":
                 raise
         # "Already owned by you" (or us-east-1's silent 200) may be another resource's bucket.
@@ -142,7 +142,9 @@ class S3Client:
             self.aws.call(s3.delete_bucket, Bucket=name)
         except errors.NotFoundError:
             return
-        except errors.ConflictError as exc:
+        except errors.DeletionBlocked:
+            raise
+        except errors.CloudError as exc:
             if exc.code != "BucketNotEmpty":
                 raise
             raise errors.RetryableError(

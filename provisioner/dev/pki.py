@@ -141,7 +141,9 @@ def generate(directory: Path) -> Pki:
     # The namespace and garbage collectors delete every kind of object; a dev control
     # plane without per-controller service accounts gives them cluster-admin.
     issue(
-        "controller-manager", _name("system:kube-controller-manager", "system:masters"), server=False
+        "controller-manager",
+        _name("system:kube-controller-manager", "system:masters"),
+        server=False,
     )
 
     sa_key = _key()

@@ -77,13 +77,21 @@ def test_bucket_lifecycle(kube, operator, aws, namespace):
 
     # Change mutable fields: the cloud follows, and so does observedGeneration.
     kube.kubectl(
-        "patch", "s3bucket", "photos", "-n", namespace, "--type=merge",
-        "-p", '{"spec":{"versioning":false,"tags":{"team":"video"},"lifecycle":{"expireAfterDays":30}}}',
+        "patch",
+        "s3bucket",
+        "photos",
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        '{"spec":{"versioning":false,"tags":{"team":"video"},"lifecycle":{"expireAfterDays":30}}}',
     )
     cr = wait_for(
-        lambda: (o := wait_ready(kube, "s3bucket", namespace, "photos"))
-        and o["status"]["observedGeneration"] == 2
-        and o,
+        lambda: (
+            (o := wait_ready(kube, "s3bucket", namespace, "photos"))
+            and o["status"]["observedGeneration"] == 2
+            and o
+        ),
         what="generation 2 reconciled",
     )
     assert aws.s3.get_bucket_versioning(Bucket=bucket)["Status"] == "Suspended"
@@ -97,15 +105,24 @@ def test_bucket_lifecycle(kube, operator, aws, namespace):
     kube.kubectl("delete", "s3bucket", "photos", "-n", namespace, "--wait=false")
     cr = wait_condition(kube, "s3bucket", namespace, "photos", "Ready", "False", "Deleting")
     wait_for(
-        lambda: "forceDestroy" in (condition(get(kube, "s3bucket", namespace, "photos"), "Ready") or {}).get(
-            "message", ""
+        lambda: (
+            "forceDestroy"
+            in (condition(get(kube, "s3bucket", namespace, "photos"), "Ready") or {}).get(
+                "message", ""
+            )
         ),
         what="a deletion message that says how to proceed",
     )
     assert bucket_exists(aws, bucket)
     kube.kubectl(
-        "patch", "s3bucket", "photos", "-n", namespace, "--type=merge",
-        "-p", '{"spec":{"forceDestroy":true}}',
+        "patch",
+        "s3bucket",
+        "photos",
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        '{"spec":{"forceDestroy":true}}',
     )
     wait_gone(kube, "s3bucket", namespace, "photos", timeout=60)
     assert not bucket_exists(aws, bucket)

@@ -47,8 +47,9 @@ def test_server_reports_the_pinned_version(kube):
 def test_cel_rule_rejects_a_bad_object_with_its_message(kube, namespace):
     kube.kubectl("apply", "-f", "-", input=WIDGET_CRD)
     kube.kubectl("wait", "--for=condition=Established", "crd/widgets.test.provisioner.dev")
-    good = "apiVersion: test.provisioner.dev/v1\nkind: Widget\nmetadata: {name: ok}\nspec: {size: 3}\n"
-    bad = "apiVersion: test.provisioner.dev/v1\nkind: Widget\nmetadata: {name: bad}\nspec: {size: 11}\n"
+    widget = "apiVersion: test.provisioner.dev/v1\nkind: Widget\n"
+    good = widget + "metadata: {name: ok}\nspec: {size: 3}\n"
+    bad = widget + "metadata: {name: bad}\nspec: {size: 11}\n"
     kube.kubectl("apply", "-n", namespace, "-f", "-", input=good)
     refused = kube.kubectl("apply", "-n", namespace, "-f", "-", input=bad, check=False)
     assert refused.returncode != 0
@@ -57,7 +58,9 @@ def test_cel_rule_rejects_a_bad_object_with_its_message(kube, namespace):
 
 def test_owned_secret_is_garbage_collected_with_its_owner(kube, namespace):
     kube.kubectl("create", "configmap", "owner", "-n", namespace)
-    owner = json.loads(kube.kubectl("get", "configmap", "owner", "-n", namespace, "-o", "json").stdout)
+    owner = json.loads(
+        kube.kubectl("get", "configmap", "owner", "-n", namespace, "-o", "json").stdout
+    )
     secret = {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -77,7 +80,9 @@ def test_owned_secret_is_garbage_collected_with_its_owner(kube, namespace):
     kube.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(secret))
     kube.kubectl("delete", "configmap", "owner", "-n", namespace)
     wait_for(
-        lambda: kube.kubectl("get", "secret", "owned", "-n", namespace, check=False).returncode != 0,
+        lambda: (
+            kube.kubectl("get", "secret", "owned", "-n", namespace, check=False).returncode != 0
+        ),
         timeout=60,
         what="the garbage collector to delete the owned Secret",
     )

@@ -44,7 +44,9 @@ def queue_exists(aws, name: str) -> bool:
 
 
 def test_queue_lifecycle(kube, operator, aws, namespace):
-    apply(kube, namespace, queue_manifest("jobs", "{visibilityTimeoutSeconds: 45, tags: {app: web}}"))
+    apply(
+        kube, namespace, queue_manifest("jobs", "{visibilityTimeoutSeconds: 45, tags: {app: web}}")
+    )
     cr = wait_ready(kube, "queue", namespace, "jobs")
     name = cr["status"]["externalName"]
 
@@ -70,13 +72,21 @@ def test_queue_lifecycle(kube, operator, aws, namespace):
     assert tags["app"] == "web" and tags["provisioner.dev/owner-uid"] == cr["metadata"]["uid"]
 
     kube.kubectl(
-        "patch", "queue", "jobs", "-n", namespace, "--type=merge",
-        "-p", '{"spec":{"visibilityTimeoutSeconds":120,"delaySeconds":5,"tags":{"app":"api"}}}',
+        "patch",
+        "queue",
+        "jobs",
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        '{"spec":{"visibilityTimeoutSeconds":120,"delaySeconds":5,"tags":{"app":"api"}}}',
     )
     wait_for(
-        lambda: (o := get(kube, "queue", namespace, "jobs"))
-        and o["status"].get("observedGeneration") == 2
-        and condition(o, "Synced")["status"] == "True",
+        lambda: (
+            (o := get(kube, "queue", namespace, "jobs"))
+            and o["status"].get("observedGeneration") == 2
+            and condition(o, "Synced")["status"] == "True"
+        ),
         what="generation 2 reconciled",
     )
     attrs = attributes(aws, data["queueUrl"])
@@ -90,8 +100,16 @@ def test_queue_lifecycle(kube, operator, aws, namespace):
 
 
 def test_dead_letter_queue_waits_for_its_target(kube, operator, aws, namespace):
-    apply(kube, namespace, queue_manifest("orders", "{deadLetter: {queueRef: {name: orders-dlq}, maxReceiveCount: 3}}"))
-    cr = wait_condition(kube, "queue", namespace, "orders", "Ready", "False", "WaitingForDependency")
+    apply(
+        kube,
+        namespace,
+        queue_manifest(
+            "orders", "{deadLetter: {queueRef: {name: orders-dlq}, maxReceiveCount: 3}}"
+        ),
+    )
+    cr = wait_condition(
+        kube, "queue", namespace, "orders", "Ready", "False", "WaitingForDependency"
+    )
     assert "orders-dlq" in condition(cr, "Ready")["message"]
     assert secret_data(kube, namespace, "orders-connection") is None
 
@@ -109,7 +127,11 @@ def test_cloud_refusal_is_invalid_spec_and_stops_calling(kube, operator, aws, na
     """A FIFO queue cannot dead-letter into a standard queue: only the cloud knows."""
     apply(kube, namespace, queue_manifest("std-dlq"))
     wait_ready(kube, "queue", namespace, "std-dlq")
-    apply(kube, namespace, queue_manifest("fifo-main", "{fifo: true, deadLetter: {queueRef: {name: std-dlq}}}"))
+    apply(
+        kube,
+        namespace,
+        queue_manifest("fifo-main", "{fifo: true, deadLetter: {queueRef: {name: std-dlq}}}"),
+    )
     cr = wait_condition(kube, "queue", namespace, "fifo-main", "Synced", "False", "InvalidSpec")
     message = condition(cr, "Synced")["message"]
     assert "non fifo dead letter" in message.lower()
@@ -138,9 +160,14 @@ def test_cloud_refusal_is_invalid_spec_and_stops_calling(kube, operator, aws, na
     apply(kube, namespace, queue_manifest("fifo-dlq", "{fifo: true}"))
     wait_ready(kube, "queue", namespace, "fifo-dlq")
     kube.kubectl(
-        "patch", "queue", "fifo-main", "-n", namespace, "--type=merge",
-        "-p", '{"spec":{"deadLetter":{"queueRef":{"name":"fifo-dlq"}}}}',
+        "patch",
+        "queue",
+        "fifo-main",
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        '{"spec":{"deadLetter":{"queueRef":{"name":"fifo-dlq"}}}}',
     )
     wait_ready(kube, "queue", namespace, "fifo-main")
     assert len(kube.cloud_requests(name)) > calls_before
-

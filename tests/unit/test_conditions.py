@@ -173,7 +173,9 @@ def test_status_patch_observed_generation_without_updates():
 
 def test_status_patch_not_observed_keeps_generation():
     status = settled_status(gen=4)
-    patch = cond.status_patch(status, [Condition(cond.READY, False, cond.DELETING, "bye")], None, {})
+    patch = cond.status_patch(
+        status, [Condition(cond.READY, False, cond.DELETING, "bye")], None, {}
+    )
     assert "observedGeneration" not in patch
     ready_entry = cond.find(patch["conditions"], cond.READY)
     assert ready_entry["observedGeneration"] == 4

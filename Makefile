@@ -1,0 +1,48 @@
+# The two commands a newcomer needs: `make demo` and `make test`.
+# Everything they need is installed here: the virtualenv with pinned packages, and the
+# control-plane binaries built once per machine from pinned Go modules
+# (cached in ~/.cache/provisioner, never in the repository).
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test test-fast lint format binaries up down status clean
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	@touch $(STAMP)
+
+binaries: $(STAMP)
+	$(PY) -m provisioner dev build
+
+demo: binaries
+	$(PY) -m provisioner dev demo
+
+test: binaries
+	$(PY) -m pytest
+
+test-fast: $(STAMP)
+	$(PY) -m pytest tests/unit tests/cloud
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(STAMP)
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+up: binaries
+	$(PY) -m provisioner dev up
+
+status: $(STAMP)
+	$(PY) -m provisioner dev status
+
+down: $(STAMP)
+	$(PY) -m provisioner dev down
+
+clean: down
+	rm -rf $(VENV)
