@@ -8,6 +8,7 @@ from typing import Any
 
 READY = "Ready"
 SYNCED = "Synced"
+DRIFTED = "Drifted"
 
 # Ready reasons
 AVAILABLE = "Available"
@@ -21,6 +22,10 @@ RECONCILE_ERROR = "ReconcileError"
 INVALID_SPEC = "InvalidSpec"
 NAME_CONFLICT = "NameConflict"
 PAUSED = "Paused"
+# Drifted reasons
+DRIFT_REPORTED = "DriftReported"
+DRIFT_CORRECTED = "DriftCorrected"
+NO_DRIFT = "NoDrift"
 
 
 @dataclass(frozen=True)
@@ -70,9 +75,14 @@ def merge(
             )
         existing.clear()
         existing.update(entry)
-    order = {READY: 0, SYNCED: 1}
+    order = {READY: 0, SYNCED: 1, DRIFTED: 2}
     result.sort(key=lambda c: (order.get(c.get("type", ""), 9), c.get("type", "")))
     return result
+
+
+def is_true(status: dict[str, Any], type_: str) -> bool:
+    found = find(status.get("conditions"), type_)
+    return bool(found and found.get("status") == "True")
 
 
 def _same(a: dict[str, Any] | None, b: dict[str, Any]) -> bool:

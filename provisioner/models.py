@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from provisioner import naming
+from provisioner import annotations, naming
 
 OWNER_UID_TAG = "provisioner.dev/owner-uid"
 NAMESPACE_TAG = "provisioner.dev/namespace"
@@ -32,10 +32,12 @@ class DatabaseSpec:
     multi_az: bool = False
     publicly_accessible: bool = False
     backup_retention_days: int = 7
+    instance_identifier: str | None = None
 
     @classmethod
     def parse(cls, spec: Mapping[str, Any]) -> DatabaseSpec:
         return cls(
+            instance_identifier=spec.get("instanceIdentifier") or None,
             engine=spec["engine"],
             instance_class=spec["instanceClass"],
             allocated_storage_gib=int(spec.get("allocatedStorageGiB", 20)),
@@ -171,7 +173,44 @@ class Resource:
             return self.spec.queue_name or naming.queue_name(
                 self.namespace, self.name, self.uid, fifo=self.spec.fifo
             )
-        return naming.db_instance_identifier(self.namespace, self.name, self.uid)
+        return self.spec.instance_identifier or naming.db_instance_identifier(
+            self.namespace, self.name, self.uid
+        )
+
+    @property
+    def explicit_name(self) -> bool:
+        """The cloud name was given in the spec (not derived), so adoption can apply."""
+        spec = self.spec
+        return bool(
+            getattr(spec, "bucket_name", None)
+            or getattr(spec, "queue_name", None)
+            or getattr(spec, "instance_identifier", None)
+        )
+
+    def annotation(self, key: str) -> str:
+        return self.annotations.get(key, "")
+
+    @property
+    def paused(self) -> bool:
+        return annotations.is_true(self.annotation(annotations.PAUSED))
+
+    @property
+    def adopt(self) -> bool:
+        return annotations.is_true(self.annotation(annotations.ADOPT))
+
+    @property
+    def drift_report_only(self) -> bool:
+        return self.annotation(annotations.DRIFT_POLICY).strip().lower() == "report"
+
+    @property
+    def reconcile_request_pending(self) -> bool:
+        value = self.annotation(annotations.RECONCILE_REQUESTED_AT)
+        return bool(value) and value != self.status.get("lastReconcileRequest")
+
+    @property
+    def rotation_pending(self) -> bool:
+        value = self.annotation(annotations.ROTATE_PASSWORD_AT)
+        return bool(value) and value != self.status.get("lastPasswordRotation")
 
     @property
     def ref(self) -> str:

@@ -20,11 +20,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from provisioner import annotations, secrets
 from provisioner import conditions as cond
-from provisioner import secrets
 from provisioner.cloud import errors
 from provisioner.cloud.base import ExternalClient, Observation
 from provisioner.config import Settings
+from provisioner.crashpoints import crashpoint
 from provisioner.kube import Kube, KubeError
 from provisioner.models import Resource
 
@@ -119,9 +120,18 @@ class Reconciler:
     def _is_ours(resource: Resource, obs: Observation) -> bool:
         if obs.owned_by(resource):
             return True
+        if obs.owner_uid:
+            return False  # another owner's, whatever the annotations say
         # No owner tag at all, but our own status recorded this name before the create
         # call: an earlier create of ours was interrupted before its tags were written.
-        return not obs.owner_uid and resource.status.get("externalName") == resource.external_name
+        if resource.status.get("externalName") == resource.external_name:
+            return True
+        return Reconciler._adopting(resource, obs)
+
+    @staticmethod
+    def _adopting(resource: Resource, obs: Observation) -> bool:
+        """Asked to take over an untagged resource named explicitly in the spec."""
+        return obs.exists and not obs.owner_uid and resource.adopt and resource.explicit_name
 
     @staticmethod
     def terminal_for_generation(resource: Resource) -> bool:
@@ -159,7 +169,7 @@ class Reconciler:
         for event in result.events:
             self.post_event(body, event)
         for c in result.conditions:
-            if not cond.changed(resource.status, c):
+            if c.type not in (cond.READY, cond.SYNCED) or not cond.changed(resource.status, c):
                 continue
             previous = cond.find(resource.status.get("conditions"), c.type)
             if (
@@ -180,28 +190,51 @@ class Reconciler:
     # -- entry points ---------------------------------------------------------------
 
     async def reconcile(self, body: dict[str, Any], retry: int = 0) -> tuple[Result, Resource]:
+        """A pass for a new generation, a resume, or an annotation change."""
         resource = self.resource(body)
         async with self.locks[resource.uid]:
-            if self.terminal_for_generation(resource):
+            if resource.paused:
+                return self._paused(resource), resource
+            requested = resource.reconcile_request_pending
+            if self.terminal_for_generation(resource) and not requested:
                 return Result(observed=False), resource
             try:
                 result = await self._sync(resource, retry)
             except Exception as exc:  # noqa: BLE001 - every failure becomes a condition
                 result = self._failure(resource, exc, retry)
+            if requested:
+                result.fields["lastReconcileRequest"] = resource.annotation(
+                    annotations.RECONCILE_REQUESTED_AT
+                )
             return result, resource
 
     async def resync(self, body: dict[str, Any]) -> tuple[Result, Resource] | None:
         """The periodic re-check: drift, vanished resources, edited or deleted Secrets."""
         resource = self.resource(body)
-        if not self.settled(resource):
+        if resource.paused or not self.settled(resource):
             return None
         async with self.locks[resource.uid]:
             try:
-                result = await self._sync(resource, 0)
+                result = await self._sync(resource, 0, resync=True)
             except Exception as exc:  # noqa: BLE001
                 result = self._failure(resource, exc, 0)
             result.requeue_after = None
             return result, resource
+
+    @staticmethod
+    def _paused(resource: Resource) -> Result:
+        return Result(
+            conditions=[
+                cond.Condition(
+                    cond.SYNCED,
+                    False,
+                    cond.PAUSED,
+                    f"paused by the {annotations.PAUSED} annotation: no cloud calls until it is "
+                    "removed or set to false",
+                )
+            ],
+            observed=False,
+        )
 
     async def finalize(self, body: dict[str, Any], retry: int = 0) -> tuple[Result, Resource]:
         resource = self.resource(body)
@@ -216,31 +249,20 @@ class Reconciler:
 
     # -- the passes -------------------------------------------------------------------
 
-    async def _sync(self, resource: Resource, retry: int) -> Result:
+    async def _sync(self, resource: Resource, retry: int, resync: bool = False) -> Result:
         client = self.clients[resource.kind]
         name = resource.external_name
         extra: dict[str, Any] = {}
-        if resource.kind == "Queue" and resource.spec.dead_letter_queue_ref:
-            target_arn = await self._dead_letter_target(resource)
-            if target_arn is None:
-                ref = resource.spec.dead_letter_queue_ref
-                return Result(
-                    conditions=[
-                        cond.Condition(
-                            cond.READY,
-                            False,
-                            cond.WAITING_FOR_DEPENDENCY,
-                            f"waiting for dead-letter Queue {ref} to be Ready",
-                        ),
-                        cond.Condition(cond.SYNCED, True, cond.RECONCILE_SUCCESS),
-                    ],
-                    requeue_after=backoff(retry, WAIT_BASE, WAIT_CAP),
-                )
-            extra["dead_letter_arn"] = target_arn
         if resource.kind == "Queue":
-            extra.setdefault("dead_letter_arn", None)
+            extra["dead_letter_arn"] = None
+            if resource.spec.dead_letter_queue_ref:
+                target_arn = await self._dead_letter_target(resource)
+                if target_arn is None:
+                    return self._waiting_for_dead_letter(resource, retry)
+                extra["dead_letter_arn"] = target_arn
 
         events: list[Event] = []
+        conditions: list[cond.Condition] = []
         obs = await self.run(client.observe, resource, **extra)
         if obs.exists and not self._is_ours(resource, obs):
             return self._name_conflict(resource, obs)
@@ -257,6 +279,12 @@ class Reconciler:
                     {"externalName": name},
                 )
                 resource.status["externalName"] = name
+            elif resync:
+                events.append(
+                    Event(
+                        "Warning", "Vanished", f"{name} disappeared from the cloud; recreating it"
+                    )
+                )
             create_secrets: dict[str, str] = {}
             if resource.kind == "DatabaseInstance":
                 password = self.pending_passwords.setdefault(
@@ -264,6 +292,7 @@ class Reconciler:
                 )
                 create_secrets["password"] = password
             await self.run(client.create, resource, create_secrets, **extra)
+            crashpoint("after-create")
             events.append(Event("Normal", "Created", f"created {resource.kind} {name}"))
             obs = await self.run(client.observe, resource, **extra)
             if not obs.exists:
@@ -276,10 +305,29 @@ class Reconciler:
                     requeue_after=backoff(retry, WAIT_BASE, WAIT_CAP),
                 )
         elif obs.diffs and obs.available:
-            await self.run(client.update, resource, obs, **extra)
-            changed = ", ".join(d.field for d in obs.diffs)
-            events.append(Event("Normal", "Updated", f"updated {changed}"))
-            obs = await self.run(client.observe, resource, **extra)
+            adopting = self._adopting(resource, obs)
+            drift = "; ".join(d.describe() for d in obs.diffs)
+            if adopting:
+                events.append(Event("Normal", "Adopted", f"took over existing {name}"))
+            if resync and resource.drift_report_only and not adopting:
+                conditions.append(cond.Condition(cond.DRIFTED, True, cond.DRIFT_REPORTED, drift))
+                if cond.changed(resource.status, conditions[-1]):
+                    events.append(
+                        Event("Warning", "Drifted", f"not corrected (report only): {drift}")
+                    )
+            else:
+                await self.run(client.update, resource, obs, **extra)
+                if resync and not adopting:
+                    conditions.append(
+                        cond.Condition(cond.DRIFTED, False, cond.DRIFT_CORRECTED, drift)
+                    )
+                    events.append(Event("Warning", "Drifted", f"corrected: {drift}"))
+                else:
+                    changed = ", ".join(d.field for d in obs.diffs)
+                    events.append(Event("Normal", "Updated", f"updated {changed}"))
+                obs = await self.run(client.observe, resource, **extra)
+        elif resync and cond.is_true(resource.status, cond.DRIFTED):
+            conditions.append(cond.Condition(cond.DRIFTED, False, cond.NO_DRIFT))
 
         fields = {"externalName": name, "arn": obs.arn, **obs.status}
         if obs.deleting or not obs.available:
@@ -290,12 +338,13 @@ class Reconciler:
                         cond.READY, False, reason, f"{name} is {obs.state or 'not ready'}"
                     ),
                     cond.Condition(cond.SYNCED, True, cond.RECONCILE_SUCCESS),
+                    *conditions,
                 ],
                 fields=fields,
                 events=events,
                 requeue_after=backoff(retry, WAIT_BASE, WAIT_CAP),
             )
-        if obs.diffs:
+        if obs.diffs and not (resync and resource.drift_report_only):
             pending = "; ".join(d.describe() for d in obs.diffs)
             return Result(
                 conditions=[
@@ -306,41 +355,74 @@ class Reconciler:
                         cond.RECONCILE_ERROR,
                         f"the cloud has not applied: {pending}",
                     ),
+                    *conditions,
                 ],
                 fields=fields,
                 events=events,
                 requeue_after=backoff(retry),
             )
 
-        await self._write_secret(resource, client, obs)
+        secret_events, secret_fields = await self._write_secret(resource, client, obs)
+        events.extend(secret_events)
+        fields.update(secret_fields)
         fields["connectionSecret"] = resource.secret_name
         available = f"{name} is available; connection Secret {resource.secret_name} is written"
         return Result(
             conditions=[
                 cond.Condition(cond.READY, True, cond.AVAILABLE, available),
                 cond.Condition(cond.SYNCED, True, cond.RECONCILE_SUCCESS),
+                *conditions,
             ],
             fields=fields,
             events=events,
         )
 
+    def _waiting_for_dead_letter(self, resource: Resource, retry: int) -> Result:
+        ref = resource.spec.dead_letter_queue_ref
+        return Result(
+            conditions=[
+                cond.Condition(
+                    cond.READY,
+                    False,
+                    cond.WAITING_FOR_DEPENDENCY,
+                    f"waiting for dead-letter Queue {ref} to be Ready",
+                ),
+                cond.Condition(cond.SYNCED, True, cond.RECONCILE_SUCCESS),
+            ],
+            requeue_after=backoff(retry, WAIT_BASE, WAIT_CAP),
+        )
+
     async def _write_secret(
         self, resource: Resource, client: ExternalClient, obs: Observation
-    ) -> None:
+    ) -> tuple[list[Event], dict[str, Any]]:
+        """Write the connection Secret if its content differs; for databases, own the password.
+
+        Password order: the cloud first, then the Secret, then status. A crash after the
+        cloud accepted a new password leaves the rotation (or the missing Secret) pending,
+        so the next pass sets yet another password and writes that one: the Secret always
+        ends with the password the cloud accepted last.
+        """
+        events: list[Event] = []
+        fields: dict[str, Any] = {}
         existing = await self.run(self.kube.get_secret, resource.namespace, resource.secret_name)
         data = dict(obs.connection)
         if resource.kind == "DatabaseInstance":
-            current = (
-                secrets.decode(existing)
-                if existing and secrets.owned_by(existing, resource)
-                else {}
-            )
+            owned = existing is not None and secrets.owned_by(existing, resource)
+            current = secrets.decode(existing) if owned else {}
             password = current.get("password") or self.pending_passwords.get(resource.uid)
-            if not password:
-                # Nobody knows the password any more (the Secret was deleted, or we
-                # crashed between create and Secret): set a new one in the cloud first.
+            rotate = resource.rotation_pending
+            if rotate or not password:
+                # Rotation asked, or nobody knows the password any more (Secret deleted,
+                # adopted instance, crash between create and Secret): a new one, cloud first.
                 password = secrets.generate_password()
                 await self.run(client.set_password, resource, password)
+                crashpoint("after-password-set")
+                what = "rotated on request" if rotate else "reset: the Secret had none"
+                events.append(Event("Normal", "PasswordChanged", f"master password {what}"))
+                if rotate:
+                    fields["lastPasswordRotation"] = resource.annotation(
+                        annotations.ROTATE_PASSWORD_AT
+                    )
             data["password"] = password
             data["uri"] = secrets.database_uri(
                 data["engine"],
@@ -350,16 +432,25 @@ class Reconciler:
                 data["port"],
                 data["database"],
             )
-        if not secrets.needs_write(existing, resource, data):
-            self.pending_passwords.pop(resource.uid, None)
-            return
-        body = secrets.build(resource, data)
-        if existing is None:
-            await self.run(self.kube.create_secret, resource.namespace, body)
-        else:
-            body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
-            await self.run(self.kube.replace_secret, resource.namespace, resource.secret_name, body)
+        if secrets.needs_write(existing, resource, data):
+            body = secrets.build(resource, data)
+            if existing is None:
+                await self.run(self.kube.create_secret, resource.namespace, body)
+            else:
+                body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
+                await self.run(
+                    self.kube.replace_secret, resource.namespace, resource.secret_name, body
+                )
+            if existing is not None or resource.status.get("connectionSecret"):
+                events.append(
+                    Event(
+                        "Normal",
+                        "SecretWritten",
+                        f"connection Secret {resource.secret_name} restored or updated",
+                    )
+                )
         self.pending_passwords.pop(resource.uid, None)
+        return events, fields
 
     async def _dead_letter_target(self, resource: Resource) -> str | None:
         ref = resource.spec.dead_letter_queue_ref
@@ -388,6 +479,19 @@ class Reconciler:
     async def _delete(self, resource: Resource, retry: int) -> Result:
         name = resource.external_name
         done = Result(released=True, observed=False)
+        if resource.paused:
+            paused = self._paused(resource)
+            paused.conditions.insert(
+                0,
+                cond.Condition(
+                    cond.READY,
+                    False,
+                    cond.DELETING,
+                    "deletion waits until the resource is unpaused",
+                ),
+            )
+            paused.requeue_after = backoff(retry, WAIT_BASE, 15.0)
+            return paused
         if resource.deletion_policy == "Retain":
             await self._delete_secret(resource)
             done.events.append(
@@ -410,6 +514,7 @@ class Reconciler:
         if obs.exists and not obs.deleting:
             try:
                 await self.run(client.delete, resource, obs)
+                crashpoint("after-delete-call")
             except errors.DeletionBlocked as exc:
                 return Result(
                     conditions=[cond.Condition(cond.READY, False, cond.DELETING, exc.message)],

@@ -5,6 +5,9 @@ modules in hack/controlplane, etcd from its Go module in hack/etcd. The results 
 cached outside the repository under ~/.cache/provisioner/<component>-<version>/ with
 a manifest of SHA-256 sums; a cache whose manifest is missing or does not match is
 rebuilt.
+
+helm (hack/helm) is built the same way, but only on demand by `ensure_helm()`: the
+chart tests need it, the control plane does not.
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 KUBERNETES_VERSION = "v1.37.2"
 ETCD_VERSION = "v3.6.16"
+HELM_VERSION = "v3.22.0"
+# The Kubernetes minor version helm's client-go (v0.37) speaks; upstream's Makefile passes
+# it so that `helm template` and `helm lint` assume that version rather than 1.20.
+HELM_K8S_MAJOR, HELM_K8S_MINOR = "1", "37"
 MIN_GO = (1, 26)
 
 
@@ -88,6 +95,27 @@ def components() -> list[Component]:
             ldflags="-s -w",
         ),
     ]
+
+
+def helm_component() -> Component:
+    pkg = "helm.sh/helm/v3"
+    return Component(
+        name="helm",
+        version=HELM_VERSION,
+        module_dir=REPO_ROOT / "hack" / "helm",
+        packages={"helm": f"{pkg}/cmd/helm"},
+        ldflags=" ".join(
+            [
+                "-s -w",
+                f"-X {pkg}/internal/version.version={HELM_VERSION}",
+                f"-X {pkg}/internal/version.gitTreeState=clean",
+                f"-X {pkg}/pkg/lint/rules.k8sVersionMajor={HELM_K8S_MAJOR}",
+                f"-X {pkg}/pkg/lint/rules.k8sVersionMinor={HELM_K8S_MINOR}",
+                f"-X {pkg}/pkg/chartutil.k8sVersionMajor={HELM_K8S_MAJOR}",
+                f"-X {pkg}/pkg/chartutil.k8sVersionMinor={HELM_K8S_MINOR}",
+            ]
+        ),
+    )
 
 
 def _sha256(path: Path) -> str:
@@ -227,14 +255,30 @@ def build(component: Component) -> dict[str, Path]:
     return found
 
 
+def ensure(component: Component) -> dict[str, Path]:
+    """One component's binaries, building them if they are missing or corrupt."""
+    found = cached_binaries(component)
+    if found is None:
+        if component.cache_dir.exists():
+            _log(f"cache {component.cache_dir} is incomplete or corrupt; rebuilding")
+        found = build(component)
+    return found
+
+
 def ensure_binaries() -> dict[str, Path]:
-    """All control-plane binaries, building whatever is missing or corrupt."""
+    """All control-plane binaries, building whatever is missing or corrupt (not helm)."""
     paths: dict[str, Path] = {}
     for component in components():
-        found = cached_binaries(component)
-        if found is None:
-            if component.cache_dir.exists():
-                _log(f"cache {component.cache_dir} is incomplete or corrupt; rebuilding")
-            found = build(component)
-        paths.update(found)
+        paths.update(ensure(component))
     return paths
+
+
+def cached_helm() -> Path | None:
+    """The cached helm binary if it is built and intact; never builds."""
+    found = cached_binaries(helm_component())
+    return found["helm"] if found else None
+
+
+def ensure_helm() -> Path:
+    """The helm binary, built on demand (a few minutes on 2 cores, once per machine)."""
+    return ensure(helm_component())["helm"]

@@ -1,0 +1,20 @@
+"""Annotations a user or platform engineer sets on a custom resource to steer it."""
+
+from __future__ import annotations
+
+from provisioner import GROUP
+
+# "true": no cloud calls at all for this resource (deletion waits too).
+PAUSED = f"{GROUP}/paused"
+# Any new value: reconcile now, even after a terminal error for this generation.
+RECONCILE_REQUESTED_AT = f"{GROUP}/reconcile-requested-at"
+# "report": drift is reported (condition Drifted, Event) but not corrected.
+DRIFT_POLICY = f"{GROUP}/drift-policy"
+# "true" with an explicit cloud name: take over an existing untagged resource.
+ADOPT = f"{GROUP}/adopt"
+# Any new value: set a new database master password, then update the Secret.
+ROTATE_PASSWORD_AT = f"{GROUP}/rotate-password-at"
+
+
+def is_true(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("true", "yes", "1")
