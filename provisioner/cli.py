@@ -61,6 +61,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_leaks(args: argparse.Namespace) -> int:
+    from provisioner import leaks
+    from provisioner.cloud.aws import Aws, AwsSettings
+    from provisioner.cloud.errors import CloudError
+    from provisioner.kube import Kube, KubeError
+
+    settings = config.from_args(args)
+    try:
+        findings = leaks.find(
+            Aws(AwsSettings(region=settings.region, endpoint_url=settings.endpoint_url)),
+            Kube(pool_size=4),
+            settings.cluster_id,
+        )
+    except (CloudError, KubeError) as exc:
+        return _fail(f"cannot list resources: {exc}")
+    print(leaks.report(findings))
+    return 1 if findings else 0
+
+
 def _dev_stack():
     from provisioner.dev.stack import DevStack
 
@@ -139,6 +158,13 @@ def parser() -> argparse.ArgumentParser:
     config.add_arguments(run)
     run.add_argument("-v", "--verbose", action="store_true")
     run.set_defaults(func=cmd_run)
+
+    leaks = sub.add_parser(
+        "leaks",
+        help="list cloud resources with our cluster id and no CR, and CRs whose resource vanished",
+    )
+    config.add_arguments(leaks)
+    leaks.set_defaults(func=cmd_leaks)
 
     dev = sub.add_parser("dev", help="a local control plane, moto and the operator")
     dev_sub = dev.add_subparsers(dest="dev_command", required=True)

@@ -291,7 +291,14 @@ class Reconciler:
                     resource.uid, secrets.generate_password()
                 )
                 create_secrets["password"] = password
-            await self.run(client.create, resource, create_secrets, **extra)
+            try:
+                await self.run(client.create, resource, create_secrets, **extra)
+            except errors.ConflictError:
+                # An earlier attempt may have succeeded with its answer lost on the way
+                # back: "already exists" is ours if the tags say so.
+                obs = await self.run(client.observe, resource, **extra)
+                if not (obs.exists and self._is_ours(resource, obs)):
+                    raise
             crashpoint("after-create")
             events.append(Event("Normal", "Created", f"created {resource.kind} {name}"))
             obs = await self.run(client.observe, resource, **extra)

@@ -74,6 +74,66 @@ class MotoServer:
             self.proc = None
 
 
+@dataclass
+class FaultProxy:
+    """provisioner.dev.faultproxy as a child process in front of an upstream endpoint."""
+
+    upstream: str
+    log: Path
+    rate: float = 0.0
+    seed: int | None = None
+    port: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> None:
+        self.port = self.port or free_port()
+        args = [
+            sys.executable,
+            "-m",
+            "provisioner.dev.faultproxy",
+            f"--upstream={self.upstream}",
+            f"--port={self.port}",
+            f"--rate={self.rate}",
+        ]
+        if self.seed is not None:
+            args.append(f"--seed={self.seed}")
+        self.proc = spawn(args, self.log)
+        wait_until(
+            lambda: _http_up(f"{self.url}/__proxy__/stats"),
+            timeout=timeout,
+            what="fault proxy",
+            proc=self.proc,
+            log=self.log,
+        )
+
+    def _call(self, action: str, payload: dict | None = None) -> dict:
+        data = json.dumps(payload).encode() if payload is not None else None
+        request = urllib.request.Request(  # noqa: S310 - loopback only
+            f"{self.url}/__proxy__/{action}", data=data, method="POST" if data else "GET"
+        )
+        with urllib.request.urlopen(request, timeout=10) as resp:  # noqa: S310 - loopback
+            return json.loads(resp.read())
+
+    def stats(self) -> dict:
+        return self._call("stats")
+
+    def configure(self, **settings: object) -> dict:
+        return self._call("config", dict(settings))
+
+    def reset(self) -> None:
+        self._call("reset", {})
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop(self.proc.pid)
+            self.proc.wait()
+            self.proc = None
+
+
 def aws_env(endpoint_url: str) -> dict[str, str]:
     return {
         "AWS_ENDPOINT_URL": endpoint_url,
