@@ -23,6 +23,9 @@ class Settings:
     metrics_port: int = 0
     log_format: str = "plain"
     peering: str | None = None
+    # Peers of equal priority all pause (kopf), so each replica draws its own at start.
+    peering_priority: int | None = None
+    peering_lifetime: int = 60
     workers: int = 32
 
     @classmethod
@@ -41,6 +44,10 @@ class Settings:
             metrics_port=int(_env("PROVISIONER_METRICS_PORT", "0")),
             log_format=_env("PROVISIONER_LOG_FORMAT", "plain"),
             peering=_env("PROVISIONER_PEERING") or None,
+            peering_priority=int(_env("PROVISIONER_PEERING_PRIORITY"))
+            if _env("PROVISIONER_PEERING_PRIORITY")
+            else None,
+            peering_lifetime=int(_env("PROVISIONER_PEERING_LIFETIME", "60")),
             workers=int(_env("PROVISIONER_WORKERS", "32")),
         )
 
@@ -66,6 +73,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-port", type=int, help="Prometheus metrics port (0: off)")
     parser.add_argument("--log-format", choices=["plain", "json"], help="log line format")
     parser.add_argument("--peering", help="kopf peering object name, for several replicas")
+    parser.add_argument(
+        "--peering-priority", type=int, help="this replica's priority (default: random)"
+    )
+    parser.add_argument(
+        "--peering-lifetime", type=int, help="seconds before a silent peer counts as dead (60)"
+    )
     parser.add_argument("--workers", type=int, help="resources reconciled at once (default 32)")
 
 
@@ -83,6 +96,8 @@ def from_args(args: argparse.Namespace) -> Settings:
             "metrics_port": args.metrics_port,
             "log_format": args.log_format,
             "peering": args.peering,
+            "peering_priority": args.peering_priority,
+            "peering_lifetime": args.peering_lifetime,
             "workers": args.workers,
         }.items()
         if value is not None

@@ -60,7 +60,14 @@ def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: Settings) -> 
     if settings.peering:
         kopf_settings.peering.name = settings.peering
         kopf_settings.peering.standalone = False
+        kopf_settings.peering.mandatory = True
         kopf_settings.peering.clusterwide = not settings.namespaces
+        kopf_settings.peering.lifetime = settings.peering_lifetime
+        kopf_settings.peering.priority = (
+            settings.peering_priority
+            if settings.peering_priority is not None
+            else random.randint(1, 2**30)
+        )
     else:
         kopf_settings.peering.standalone = True
 

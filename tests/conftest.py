@@ -123,12 +123,16 @@ def kube(cluster: Cluster) -> Cluster:
 
 @pytest.fixture(scope="session")
 def operator(cluster: Cluster) -> Iterator[OperatorProcess]:
-    """The operator under test, watching the whole cluster as it does by default."""
+    """The operator under test, watching every namespace except `own-*`.
+
+    Tests that need an operator of their own (crashes, faults, peering, RBAC) run it in
+    an `own-*` namespace, where this one never acts.
+    """
     op = OperatorProcess(
         kubeconfig=cluster.kubeconfig,
         endpoint_url=cluster.moto.url,
         log=cluster.dir / "operator.log",
-        extra_args=[f"--resync-seconds={TEST_RESYNC_SECONDS}"],
+        extra_args=[f"--resync-seconds={TEST_RESYNC_SECONDS}", "--namespace=!own-*"],
         extra_env={"PROVISIONER_CLUSTER_ID": "test"},
     )
     op.start()

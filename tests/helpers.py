@@ -113,3 +113,36 @@ def events(kube, namespace: str, name: str) -> list[dict[str, Any]]:
 
 def apply(kube, namespace: str, manifest: str) -> None:
     kube.kubectl("apply", "-n", namespace, "-f", "-", input=manifest)
+
+
+def owned_cloud_resources(aws, uid: str) -> list[tuple[str, str]]:
+    """Every cloud resource in moto whose owner-uid tag is `uid`: there must be one per CR."""
+    found: list[tuple[str, str]] = []
+    for bucket in aws.s3.list_buckets()["Buckets"]:
+        try:
+            tagset = aws.s3.get_bucket_tagging(Bucket=bucket["Name"])["TagSet"]
+        except aws.s3.exceptions.ClientError:
+            continue
+        if {"Key": "provisioner.dev/owner-uid", "Value": uid} in tagset:
+            found.append(("S3Bucket", bucket["Name"]))
+    for url in aws.sqs.list_queues().get("QueueUrls", []):
+        try:
+            tags = aws.sqs.list_queue_tags(QueueUrl=url).get("Tags", {})
+        except aws.sqs.exceptions.ClientError:
+            continue
+        if tags.get("provisioner.dev/owner-uid") == uid:
+            found.append(("Queue", url.rsplit("/", 1)[-1]))
+    for db in aws.rds.describe_db_instances()["DBInstances"]:
+        tags = {t["Key"]: t["Value"] for t in db.get("TagList", [])}
+        if tags.get("provisioner.dev/owner-uid") == uid:
+            found.append(("DatabaseInstance", db["DBInstanceIdentifier"]))
+    return found
+
+
+def manifests(kind_specs: list[tuple[str, str, str]]) -> str:
+    """Multi-document YAML from (kind, name, inline spec) triples."""
+    return "".join(
+        f"---\napiVersion: cloud.provisioner.dev/v1alpha1\nkind: {kind}\n"
+        f"metadata:\n  name: {name}\nspec: {spec}\n"
+        for kind, name, spec in kind_specs
+    )

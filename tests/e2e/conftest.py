@@ -1,0 +1,66 @@
+"""Operators of a test's own, in an `own-*` namespace the session operator leaves alone."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from provisioner.dev.stack import FaultProxy, OperatorProcess
+from tests.conftest import TEST_RESYNC_SECONDS, Cluster
+
+
+@pytest.fixture
+def own_namespace(cluster: Cluster) -> Iterator[str]:
+    name = f"own-{uuid.uuid4().hex[:10]}"
+    cluster.kubectl("create", "namespace", name)
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+StartOperator = Callable[..., OperatorProcess]
+
+
+@pytest.fixture
+def start_operator(cluster: Cluster, own_namespace: str) -> Iterator[StartOperator]:
+    """Start operators watching only `own_namespace`; all are stopped at the end."""
+    started: list[OperatorProcess] = []
+
+    def start(
+        *,
+        endpoint_url: str | None = None,
+        env: dict[str, str] | None = None,
+        args: list[str] | None = None,
+        kubeconfig: str | None = None,
+        wait: bool = True,
+    ) -> OperatorProcess:
+        op = OperatorProcess(
+            kubeconfig=kubeconfig or cluster.kubeconfig,
+            endpoint_url=endpoint_url or cluster.moto.url,
+            log=cluster.dir / f"operator-{own_namespace}-{len(started)}.log",
+            extra_args=[
+                f"--namespace={own_namespace}",
+                f"--resync-seconds={TEST_RESYNC_SECONDS}",
+                *(args or []),
+            ],
+            extra_env={"PROVISIONER_CLUSTER_ID": "test", **(env or {})},
+        )
+        started.append(op)
+        if wait:
+            op.start()
+        return op
+
+    yield start
+    for op in started:
+        op.stop()
+
+
+@pytest.fixture
+def fault_proxy(cluster: Cluster) -> Iterator[FaultProxy]:
+    proxy = FaultProxy(
+        upstream=cluster.moto.url, log=cluster.dir / f"proxy-{uuid.uuid4().hex[:6]}.log"
+    )
+    proxy.start()
+    yield proxy
+    proxy.stop()
