@@ -30,6 +30,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     kopf.configure(
         verbose=args.verbose,
         log_format=kopf.LogFormat.JSON if settings.log_format == "json" else kopf.LogFormat.FULL,
+        log_prefix=settings.log_format != "json",
         log_refkey="object" if settings.log_format == "json" else None,
     )
     for noisy in ("botocore", "boto3", "urllib3", "kubernetes"):
