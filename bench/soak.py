@@ -1,0 +1,402 @@
+"""Soak: N resources through create, update and delete while everything goes wrong.
+
+The operator is SIGKILLed at random moments and restarted, a fault proxy in front of
+moto answers a share of AWS calls with throttling, 5xx, slow or dropped connections
+(some after the cloud acted), the API server is restarted once, and invalid manifests
+are applied in between. At the end one table; exit 1 if anything was duplicated,
+leaked, stuck in Terminating, or left without its Secret.
+
+    .venv/bin/python bench/soak.py --n 200 --kills 20 --fault-rate 0.3 --invalid 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import boto3
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from provisioner.dev.binaries import ensure_binaries  # noqa: E402
+from provisioner.dev.controlplane import ControlPlane  # noqa: E402
+from provisioner.dev.stack import (  # noqa: E402
+    DEV_REGION,
+    FaultProxy,
+    MotoServer,
+    OperatorProcess,
+    install_crds,
+)
+
+GROUP = "cloud.provisioner.dev"
+CLUSTER_ID = "soak"
+KINDS = {
+    "DatabaseInstance": (
+        "databaseinstances",
+        "{engine: postgres, instanceClass: db.t3.micro, deletionPolicy: Delete}",
+    ),
+    "S3Bucket": ("s3buckets", "{versioning: false}"),
+    "Queue": ("queues", "{visibilityTimeoutSeconds: 30}"),
+}
+UPDATES = {
+    "DatabaseInstance": '{"spec":{"backupRetentionDays":3}}',
+    "S3Bucket": '{"spec":{"versioning":true}}',
+    "Queue": '{"spec":{"visibilityTimeoutSeconds":90}}',
+}
+# Each is refused by the API server (schema or CEL); nothing may be created for them.
+INVALID = [
+    ("DatabaseInstance", "{engine: oracle, instanceClass: db.t3.micro}"),
+    ("DatabaseInstance", "{engine: postgres, instanceClass: db.t3.micro, allocatedStorageGiB: 5}"),
+    ("DatabaseInstance", "{engine: postgres, instanceClass: huge}"),
+    ("S3Bucket", "{bucketName: Not_Valid}"),
+    ("S3Bucket", "{encryption: rot13}"),
+    ("S3Bucket", '{tags: {"provisioner.dev/owner-uid": stolen}}'),
+    ("Queue", "{visibilityTimeoutSeconds: 99999}"),
+    ("Queue", "{fifo: true, queueName: plain}"),
+    ("Queue", "{deadLetter: {maxReceiveCount: 5000, queueRef: {name: x}}}"),
+    ("Queue", "{delaySeconds: -1}"),
+]
+
+
+def log(message: str) -> None:
+    print(f"[soak {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+class Soak:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.rng = random.Random(args.seed)
+        self.dir = Path(tempfile.mkdtemp(prefix="provisioner-soak-"))
+        self.cp = ControlPlane(self.dir / "controlplane", ensure_binaries())
+        self.moto = MotoServer(log=self.dir / "moto.log")
+        self.proxy: FaultProxy | None = None
+        self.operator: OperatorProcess | None = None
+        self.lock = threading.Lock()
+        self.kills = 0
+        self.stop_killing = threading.Event()
+        self.figures: Counter[str] = Counter()
+        self.names: list[tuple[str, str, str]] = []  # (kind, namespace, name)
+
+    # -- plumbing -----------------------------------------------------------------
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        for attempt in range(30):
+            result = subprocess.run(
+                ["kubectl", f"--kubeconfig={self.cp.kubeconfig}", *args],
+                input=input,
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=120,
+            )
+            transient = (
+                "connection refused" in result.stderr or "ServiceUnavailable" in result.stderr
+            )
+            if result.returncode == 0 or not transient:
+                break
+            time.sleep(min(2.0, 0.2 * (attempt + 1)))  # the API server is being restarted
+        if check and result.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args[:3])}: {result.stderr.strip()}")
+        return result
+
+    def start_operator(self) -> None:
+        assert self.proxy is not None
+        self.operator = OperatorProcess(
+            kubeconfig=str(self.cp.kubeconfig),
+            endpoint_url=self.proxy.url,
+            log=self.dir / "operator.log",
+            extra_args=["--resync-seconds=30"],
+            extra_env={"PROVISIONER_CLUSTER_ID": CLUSTER_ID},
+        )
+        self.operator.start(timeout=120)
+
+    def killer(self) -> None:
+        """SIGKILL the operator at random moments and bring it back."""
+        while self.kills < self.args.kills and not self.stop_killing.wait(
+            self.rng.uniform(self.args.kill_min, self.args.kill_max)
+        ):
+            with self.lock:
+                if self.operator is not None:
+                    self.operator.stop(kill=True)
+                    self.kills += 1
+                    log(f"killed the operator ({self.kills}/{self.args.kills})")
+                    self.start_operator()
+
+    def aws(self, service: str):
+        return boto3.client(
+            service,
+            endpoint_url=self.moto.url,
+            region_name=DEV_REGION,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
+
+    def owners(self) -> Counter[str]:
+        """owner-uid -> number of cloud resources carrying it (our cluster only)."""
+        counts: Counter[str] = Counter()
+        s3, sqs, rds = self.aws("s3"), self.aws("sqs"), self.aws("rds")
+        for bucket in s3.list_buckets()["Buckets"]:
+            try:
+                tags = {
+                    t["Key"]: t["Value"]
+                    for t in s3.get_bucket_tagging(Bucket=bucket["Name"])["TagSet"]
+                }
+            except s3.exceptions.ClientError:
+                tags = {}
+            if tags.get("provisioner.dev/cluster") == CLUSTER_ID:
+                counts[tags.get("provisioner.dev/owner-uid", "")] += 1
+        for url in sqs.list_queues(MaxResults=1000).get("QueueUrls", []):
+            tags = sqs.list_queue_tags(QueueUrl=url).get("Tags", {})
+            if tags.get("provisioner.dev/cluster") == CLUSTER_ID:
+                counts[tags.get("provisioner.dev/owner-uid", "")] += 1
+        for page in rds.get_paginator("describe_db_instances").paginate():
+            for db in page["DBInstances"]:
+                tags = {t["Key"]: t["Value"] for t in db.get("TagList", [])}
+                if tags.get("provisioner.dev/cluster") == CLUSTER_ID:
+                    counts[tags.get("provisioner.dev/owner-uid", "")] += 1
+        return counts
+
+    def listing(self) -> list[dict]:
+        out = self.kubectl("get", ",".join(p for p, _ in KINDS.values()), "-A", "-o", "json")
+        return json.loads(out.stdout)["items"]
+
+    # -- phases -------------------------------------------------------------------
+
+    def create(self) -> None:
+        n, ns_count = self.args.n, self.args.namespaces
+        kinds = list(KINDS)
+        for i in range(ns_count):
+            self.kubectl("create", "namespace", f"soak-{i}")
+        self.names = [(kinds[i % 3], f"soak-{i % ns_count}", f"r{i}") for i in range(n)]
+        invalid = [INVALID[i % len(INVALID)] for i in range(self.args.invalid)]
+        batches = [self.names[i : i + 20] for i in range(0, n, 20)]
+        per_batch = max(1, len(invalid) // max(1, len(batches)))
+        restarted = False
+        for b, batch in enumerate(batches):
+            docs = "".join(
+                f"---\napiVersion: {GROUP}/v1alpha1\nkind: {kind}\nmetadata:\n  name: {name}\n"
+                f"  namespace: {ns}\nspec: {KINDS[kind][1]}\n"
+                for kind, ns, name in batch
+            )
+            self.kubectl("apply", "-f", "-", input=docs)
+            for kind, spec in invalid[b * per_batch : (b + 1) * per_batch] + (
+                invalid[len(batches) * per_batch :] if b == len(batches) - 1 else []
+            ):
+                self.apply_invalid(kind, spec)
+            if not restarted and b >= len(batches) // 2:
+                log("restarting kube-apiserver")
+                self.cp.restart_apiserver()
+                restarted = True
+                self.figures["apiserver restarts"] += 1
+
+    def apply_invalid(self, kind: str, spec: str) -> None:
+        name = f"bad-{self.figures['invalid applied']}"
+        doc = f"apiVersion: {GROUP}/v1alpha1\nkind: {kind}\nmetadata:\n  name: {name}\n  namespace: soak-0\nspec: {spec}\n"
+        result = self.kubectl("apply", "-f", "-", input=doc, check=False)
+        self.figures["invalid applied"] += 1
+        if result.returncode != 0 and ("Invalid" in result.stderr or "invalid" in result.stderr):
+            self.figures["invalid refused"] += 1
+
+    def wait(self, done, what: str) -> float:
+        started = time.monotonic()
+        deadline = started + self.args.timeout
+        while time.monotonic() < deadline:
+            remaining = done()
+            if remaining == 0:
+                return time.monotonic() - started
+            time.sleep(1.0)
+        log(f"timed out waiting for {what}: {remaining} left")
+        return -1.0
+
+    def not_ready(self, generation: int = 1) -> int:
+        left = 0
+        for item in self.listing():
+            status = item.get("status") or {}
+            ready = any(
+                c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", [])
+            )
+            if not ready or status.get("observedGeneration", 0) < generation:
+                left += 1
+        return left + max(0, len(self.names) - len(self.listing()))
+
+    def run(self) -> int:
+        started = time.monotonic()
+        self.cp.start()
+        self.moto.start()
+        install_crds(self.cp.kubeconfig)
+        self.proxy = FaultProxy(
+            upstream=self.moto.url,
+            log=self.dir / "proxy.log",
+            rate=self.args.fault_rate,
+            seed=self.args.seed,
+        )
+        self.proxy.start()
+        self.start_operator()
+        killer = threading.Thread(target=self.killer, daemon=True)
+        killer.start()
+        log(f"creating {self.args.n} resources in {self.args.namespaces} namespaces")
+        self.create()
+        t_ready = self.wait(lambda: self.not_ready(1), "all Ready")
+        owners = self.owners()
+        uids = {item["metadata"]["uid"] for item in self.listing()}
+        self.figures["duplicates"] = sum(n - 1 for uid, n in owners.items() if n > 1)
+        self.figures["missing cloud resources"] = len(uids - set(owners))
+        missing = 0
+        for item in self.listing():
+            ns, secret = item["metadata"]["namespace"], item["metadata"]["name"] + "-connection"
+            if self.kubectl("get", "secret", secret, "-n", ns, check=False).returncode != 0:
+                missing += 1
+        self.figures["secrets missing"] = missing
+        created_for_invalid = sum(
+            1 for item in self.listing() if item["metadata"]["name"].startswith("bad-")
+        )
+        self.figures["created for invalid"] = created_for_invalid
+
+        log("updating every resource")
+        for kind, ns, name in self.names:
+            self.kubectl(
+                "patch", KINDS[kind][0], name, "-n", ns, "--type=merge", "-p", UPDATES[kind]
+            )
+        t_updated = self.wait(lambda: self.not_ready(2), "all updates reconciled")
+
+        log("deleting every resource")
+        for i in range(self.args.namespaces):
+            self.kubectl(
+                "delete",
+                ",".join(p for p, _ in KINDS.values()),
+                "--all",
+                "-n",
+                f"soak-{i}",
+                "--wait=false",
+            )
+        t_deleted = self.wait(lambda: len(self.listing()), "all deleted")
+        self.stop_killing.set()
+        killer.join(timeout=180)
+        self.figures["stuck terminating"] = len(self.listing())
+        self.figures["leaks"] = sum(self.owners().values())
+        stats = self.proxy.stats()
+        self.print_table(stats, t_ready, t_updated, t_deleted, time.monotonic() - started)
+        bad = [
+            key
+            for key in (
+                "duplicates",
+                "leaks",
+                "stuck terminating",
+                "secrets missing",
+                "created for invalid",
+            )
+            if self.figures[key] > 0
+        ]
+        if self.figures["invalid refused"] != self.figures["invalid applied"]:
+            bad.append("invalid accepted")
+        if min(t_ready, t_updated, t_deleted) < 0:
+            bad.append("timeout")
+        if bad:
+            log(f"FAILED: {', '.join(bad)} (data kept in {self.dir})")
+            return 1
+        return 0
+
+    def print_table(
+        self, stats: dict, t_ready: float, t_updated: float, t_deleted: float, total: float
+    ) -> None:
+        n = self.args.n
+        rows = [
+            ("CRs", f"{n} ({self.args.namespaces} namespaces, even mix of 3 kinds)"),
+            ("operator kills (SIGKILL)", str(self.kills)),
+            ("API-server restarts", str(self.figures["apiserver restarts"])),
+            ("AWS calls", f"{stats['total']} ({stats['total'] / n:.1f} per CR)"),
+            (
+                "injected AWS faults",
+                f"{stats['injected']} ({100 * stats['injected'] / max(1, stats['total']):.0f}%): "
+                + ", ".join(
+                    f"{k} {v}" for k, v in sorted(stats["by_outcome"].items()) if k != "forwarded"
+                ),
+            ),
+            (
+                "invalid manifests refused",
+                f"{self.figures['invalid refused']} of {self.figures['invalid applied']}",
+            ),
+            ("created for invalid manifests", str(self.figures["created for invalid"])),
+            ("duplicates", str(self.figures["duplicates"])),
+            ("leaks", str(self.figures["leaks"])),
+            ("stuck Terminating", str(self.figures["stuck terminating"])),
+            ("Secrets missing", str(self.figures["secrets missing"])),
+            ("time to all Ready", f"{t_ready:.1f} s"),
+            ("time to all updated", f"{t_updated:.1f} s"),
+            ("time to all deleted", f"{t_deleted:.1f} s"),
+            ("time taken", f"{total:.1f} s"),
+        ]
+        width = max(len(k) for k, _ in rows)
+        print()
+        for key, value in rows:
+            print(f"{key.ljust(width)}  {value}")
+        if self.args.json:
+            Path(self.args.json).write_text(
+                json.dumps(
+                    {
+                        "kills": self.kills,
+                        "aws": stats,
+                        **self.figures,
+                        "ready_s": t_ready,
+                        "updated_s": t_updated,
+                        "deleted_s": t_deleted,
+                        "total_s": total,
+                    },
+                    indent=2,
+                )
+            )
+
+    def close(self) -> None:
+        self.stop_killing.set()
+        with self.lock:
+            if self.operator is not None:
+                self.operator.stop()
+        if self.proxy is not None:
+            self.proxy.stop()
+        self.moto.stop()
+        self.cp.stop()
+        if not self.args.keep:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--n", type=int, default=200)
+    parser.add_argument("--namespaces", type=int, default=5)
+    parser.add_argument("--kills", type=int, default=20)
+    parser.add_argument(
+        "--kill-min", type=float, default=2.0, help="seconds between kills, at least"
+    )
+    parser.add_argument(
+        "--kill-max", type=float, default=8.0, help="seconds between kills, at most"
+    )
+    parser.add_argument("--fault-rate", type=float, default=0.3)
+    parser.add_argument("--invalid", type=int, default=50)
+    parser.add_argument("--timeout", type=float, default=900.0, help="per phase")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--json", help="also write the figures here")
+    parser.add_argument("--keep", action="store_true", help="keep the data directory")
+    args = parser.parse_args()
+    soak = Soak(args)
+    try:
+        return soak.run()
+    finally:
+        soak.close()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,55 @@
+"""A short soak inside the suite, so that bench/soak.py cannot rot."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(600)
+def test_short_soak_has_no_duplicates_leaks_or_stuck_resources(tmp_path):
+    figures = tmp_path / "soak.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench/soak.py"),
+            "--n",
+            "12",
+            "--namespaces",
+            "2",
+            "--kills",
+            "2",
+            "--kill-min",
+            "2",
+            "--kill-max",
+            "4",
+            "--invalid",
+            "5",
+            "--fault-rate",
+            "0.3",
+            "--timeout",
+            "240",
+            "--json",
+            str(figures),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=580,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    data = json.loads(figures.read_text())
+    assert data["kills"] == 2
+    assert data["duplicates"] == data["leaks"] == data["stuck terminating"] == 0
+    assert data["secrets missing"] == 0
+    assert data["invalid refused"] == data["invalid applied"] == 5
+    assert data["aws"]["injected"] > 0
+    assert "time taken" in result.stdout
