@@ -203,7 +203,10 @@ class Soak:
 
     def apply_invalid(self, kind: str, spec: str) -> None:
         name = f"bad-{self.figures['invalid applied']}"
-        doc = f"apiVersion: {GROUP}/v1alpha1\nkind: {kind}\nmetadata:\n  name: {name}\n  namespace: soak-0\nspec: {spec}\n"
+        doc = (
+            f"apiVersion: {GROUP}/v1alpha1\nkind: {kind}\n"
+            f"metadata:\n  name: {name}\n  namespace: soak-0\nspec: {spec}\n"
+        )
         result = self.kubectl("apply", "-f", "-", input=doc, check=False)
         self.figures["invalid applied"] += 1
         if result.returncode != 0 and ("Invalid" in result.stderr or "invalid" in result.stderr):
