@@ -39,6 +39,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     reconciler = Reconciler(
         settings, Kube(pool_size=settings.workers), make_clients(aws), post_event
     )
+    if settings.metrics_port:
+        from provisioner import metrics
+
+        metrics.serve(settings.metrics_port)
     registry = kopf.OperatorRegistry()
     register(registry, reconciler, settings)
     logging.getLogger("provisioner").info(

@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Mapping
 from typing import Any
 
 import kopf
 
-from provisioner import FINALIZER, GROUP, VERSION
+from provisioner import FINALIZER, GROUP, VERSION, metrics
+from provisioner import conditions as cond
 from provisioner.config import Settings
 from provisioner.kube import PLURALS
+from provisioner.models import Resource
 from provisioner.reconcile import Event, Reconciler, Result
 
 log = logging.getLogger(__name__)
@@ -48,7 +51,11 @@ def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: Settings) -> 
     )
     kopf_settings.posting.reporting_component = "provisioner"
     kopf_settings.posting.level = logging.INFO
-    kopf_settings.scanning.disabled = True
+    # Cluster-wide or with exact namespace names nothing needs discovering at run time (and
+    # no RBAC on namespaces or CRDs is needed); glob patterns need the namespace observer.
+    kopf_settings.scanning.disabled = not any(
+        ch in pattern for pattern in settings.namespaces for ch in "*?!,"
+    )
     kopf_settings.watching.server_timeout = 300
     kopf_settings.watching.client_timeout = 330
     kopf_settings.watching.connect_timeout = 10
@@ -72,14 +79,56 @@ def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: Settings) -> 
         kopf_settings.peering.standalone = True
 
 
+def _outcome(result: Result) -> str:
+    synced = next((c for c in result.conditions if c.type == cond.SYNCED), None)
+    if result.released:
+        return "deleted"
+    if synced is not None and not synced.status:
+        if synced.reason in (cond.INVALID_SPEC, cond.NAME_CONFLICT, cond.PAUSED):
+            return synced.reason
+        return "error"
+    return "requeue" if result.requeue_after is not None else "success"
+
+
+def _measure(body: dict[str, Any], resource: Resource, result: Result, started: float) -> None:
+    """Metrics for one pass: count, duration, time to Ready/deletion, conditions."""
+    kind = resource.kind
+    metrics.RECONCILES.labels(kind, _outcome(result)).inc()
+    metrics.DURATION.labels(kind).observe(time.monotonic() - started)
+    meta = body.get("metadata", {})
+    if result.released:
+        elapsed = metrics.seconds_since(meta.get("deletionTimestamp"))
+        if elapsed is not None:
+            metrics.TIME_TO_DELETE.labels(kind).observe(elapsed)
+        metrics.CONDITIONS.forget(resource.uid)
+        return
+    ready = next((c for c in result.conditions if c.type == cond.READY), None)
+    if ready is not None and ready.status and not cond.is_true(resource.status, cond.READY):
+        if not resource.status.get("connectionSecret"):  # the first time only
+            elapsed = metrics.seconds_since(meta.get("creationTimestamp"))
+            if elapsed is not None:
+                metrics.TIME_TO_READY.labels(kind).observe(elapsed)
+    merged = cond.merge(resource.status.get("conditions"), result.conditions, resource.generation)
+    metrics.CONDITIONS.record(
+        resource.uid,
+        kind,
+        [(c["type"], c["status"], c.get("reason", "")) for c in merged],
+    )
+
+
 def _apply(
-    patch: kopf.Patch, reconciler: Reconciler, body: dict[str, Any], result_and_resource: tuple
+    patch: kopf.Patch,
+    reconciler: Reconciler,
+    body: dict[str, Any],
+    result_and_resource: tuple[Result, Resource],
+    started: float,
 ) -> Result:
     result, resource = result_and_resource
     status = reconciler.status_patch(resource, result)
     if status:
         patch.setdefault("status", {}).update(status)
     reconciler.emit(body, resource, result)
+    _measure(body, resource, result, started)
     return result
 
 
@@ -91,14 +140,14 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
     kopf.on.login(registry=registry)(kopf.login_via_client)
 
     async def on_change(body: Any, patch: kopf.Patch, retry: int, **_: Any) -> None:
-        raw = plain(body)
-        result = _apply(patch, reconciler, raw, await reconciler.reconcile(raw, retry))
+        raw, started = plain(body), time.monotonic()
+        result = _apply(patch, reconciler, raw, await reconciler.reconcile(raw, retry), started)
         if result.requeue_after is not None:
             raise kopf.TemporaryError(result.retry_message, delay=result.requeue_after)
 
     async def on_delete(body: Any, patch: kopf.Patch, retry: int, **_: Any) -> None:
-        raw = plain(body)
-        result = _apply(patch, reconciler, raw, await reconciler.finalize(raw, retry))
+        raw, started = plain(body), time.monotonic()
+        result = _apply(patch, reconciler, raw, await reconciler.finalize(raw, retry), started)
         if not result.released:
             raise kopf.TemporaryError(result.retry_message, delay=result.requeue_after or 5.0)
 
@@ -107,7 +156,7 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
             await stopped.wait(settings.resync_seconds * random.uniform(0.9, 1.1))
             if stopped:
                 return
-            raw = plain(body)
+            raw, started = plain(body), time.monotonic()
             if raw.get("metadata", {}).get("deletionTimestamp"):
                 return
             outcome = await reconciler.resync(raw)
@@ -124,6 +173,7 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
                     status,
                 )
             reconciler.emit(raw, resource, result)
+            _measure(raw, resource, result, started)
 
     for plural in PLURALS.values():
         kw: dict[str, Any] = {"registry": registry}
