@@ -8,7 +8,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint format binaries up down status clean
+.PHONY: demo test test-fast test-localstack lint format binaries up down status clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,12 @@ test: binaries
 
 test-fast: $(STAMP)
 	$(PY) -m pytest tests/unit tests/cloud
+
+# S3Bucket and Queue end to end against LocalStack (its runtime in its own virtualenv,
+# installed once into ~/.cache/provisioner), and a DatabaseInstance that must fail clearly.
+test-localstack: binaries
+	PROVISIONER_TEST_CLOUD=localstack $(PY) -m pytest tests/e2e/test_bucket.py \
+		tests/e2e/test_queue.py tests/e2e/test_localstack.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -241,6 +241,11 @@ class Reconciler:
         async with self.locks[resource.uid]:
             try:
                 result = await self._delete(resource, retry)
+            except errors.NotSupportedError as exc:
+                # The endpoint has no such service, so nothing of ours can exist there.
+                await self._delete_secret(resource)
+                result = Result(released=True, observed=False)
+                result.events.append(Event("Normal", "Deleted", f"nothing to delete: {exc}"))
             except Exception as exc:  # noqa: BLE001
                 result = self._failure(resource, exc, retry, deleting=True)
         if result.released:
@@ -561,7 +566,11 @@ class Reconciler:
     ) -> Result:
         """Map a failure to conditions and a requeue; the message never holds a secret value."""
         if isinstance(exc, errors.TerminalError):
-            message = f"the cloud refused the spec: {exc}"
+            message = (
+                str(exc)
+                if isinstance(exc, errors.NotSupportedError)
+                else f"the cloud refused the spec: {exc}"
+            )
             return Result(
                 conditions=[
                     cond.Condition(

@@ -27,12 +27,17 @@ from provisioner.dev.stack import MotoServer, OperatorProcess, aws_env, install_
 
 # Short enough that drift, deleted Secrets and vanished resources are seen within a test.
 TEST_RESYNC_SECONDS = 4
+# The cloud behind the tests: moto's server (default) or LocalStack (`make test-localstack`).
+TEST_CLOUD = os.environ.get("PROVISIONER_TEST_CLOUD", "moto")
+on_moto_only = pytest.mark.skipif(
+    TEST_CLOUD != "moto", reason="counts requests with moto's recorder"
+)
 
 
 @dataclass
 class Cluster:
     controlplane: ControlPlane
-    moto: MotoServer
+    moto: MotoServer  # or a LocalStackServer: the same surface
     dir: Path
 
     @property
@@ -101,7 +106,12 @@ def cluster() -> Iterator[Cluster]:
     binaries = ensure_binaries()
     workdir = Path(tempfile.mkdtemp(prefix="provisioner-test-"))
     cp = ControlPlane(workdir / "controlplane", binaries)
-    moto = MotoServer(log=workdir / "moto.log", record_to=workdir / "moto-requests.jsonl")
+    if TEST_CLOUD == "localstack":
+        from provisioner.dev.localstack import LocalStackServer
+
+        moto = LocalStackServer(log=workdir / "localstack.log", data_dir=workdir / "localstack")
+    else:
+        moto = MotoServer(log=workdir / "moto.log", record_to=workdir / "moto-requests.jsonl")
     try:
         cp.start()
         moto.start()

@@ -97,8 +97,9 @@ def classify(exc: BaseException) -> errors.CloudError:
         message = str(err.get("Message", "")) or code
         http = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
         if code in NOT_SUPPORTED_CODES or (http == 501):
+            operation = getattr(exc, "operation_name", "") or "this API"
             return errors.NotSupportedError(
-                f"the cloud endpoint does not implement this service: {message}", code
+                f"the cloud endpoint does not offer {operation}: {message}", code
             )
         if code in NOT_FOUND_CODES or (http == 404 and code not in CONFLICT_CODES):
             return errors.NotFoundError(message, code)

@@ -7,6 +7,7 @@ import json
 import boto3
 import pytest
 
+from tests.conftest import on_moto_only
 from tests.helpers import (
     apply,
     condition,
@@ -123,6 +124,7 @@ def test_dead_letter_queue_waits_for_its_target(kube, operator, aws, namespace):
     assert "WaitingForDependency" in [e["reason"] for e in events(kube, namespace, "orders")]
 
 
+@on_moto_only
 def test_cloud_refusal_is_invalid_spec_and_stops_calling(kube, operator, aws, namespace):
     """A FIFO queue cannot dead-letter into a standard queue: only the cloud knows."""
     apply(kube, namespace, queue_manifest("std-dlq"))

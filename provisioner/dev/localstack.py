@@ -1,0 +1,110 @@
+"""LocalStack without Docker: its Python runtime in a virtualenv of its own, on loopback.
+
+LocalStack's free edition offers S3 and SQS (not RDS). The virtualenv lives in
+~/.cache/provisioner/localstack-<version>/ and is made once per machine; these pins are
+known to work together on Python 3.11.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from provisioner.dev.binaries import cache_root
+from provisioner.dev.processes import free_port, spawn, stop, wait_until
+
+LOCALSTACK_VERSION = "4.7.0"
+PACKAGES = [
+    f"localstack-core[runtime]=={LOCALSTACK_VERSION}",
+    "cbor2==5.6.5",
+    "pyopenssl==24.2.1",
+    "cryptography==43.0.3",
+    "service-identity==23.1.0",
+]
+SERVICES = ("s3", "sqs")
+
+
+def venv_dir() -> Path:
+    return cache_root() / f"localstack-{LOCALSTACK_VERSION}"
+
+
+def ensure_localstack() -> Path:
+    """The LocalStack virtualenv's python, installing it once per machine."""
+    venv = venv_dir()
+    python = venv / "bin" / "python"
+    marker = venv / ".installed"
+    if marker.exists() and python.exists():
+        return python
+    print(f"provisioner: installing LocalStack {LOCALSTACK_VERSION} into {venv} (once)", file=sys.stderr)
+    shutil.rmtree(venv, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    result = subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *PACKAGES],
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(
+            "installing LocalStack failed (see pip's output above): check access to PyPI"
+        )
+    marker.write_text(" ".join(PACKAGES))
+    return python
+
+
+def _health(url: str) -> dict:
+    with urllib.request.urlopen(f"{url}/_localstack/health", timeout=2) as resp:  # noqa: S310
+        return json.loads(resp.read())
+
+
+@dataclass
+class LocalStackServer:
+    """Same surface as MotoServer: url, start(), stop(); no request recording."""
+
+    log: Path
+    data_dir: Path
+    port: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+    record_to: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 120.0) -> None:
+        python = ensure_localstack()
+        self.port = self.port or free_port()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        env = {
+            k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "PROVISIONER_"))
+        }
+        env.update(
+            DNS_ADDRESS="0",
+            GATEWAY_LISTEN=f"127.0.0.1:{self.port}",
+            SERVICES=",".join(SERVICES),
+            SQS_ENDPOINT_STRATEGY="path",
+            LOCALSTACK_VOLUME_DIR=str(self.data_dir / "volume"),
+            FILESYSTEM_ROOT=str(self.data_dir / "fs"),
+            TMPDIR=str(self.data_dir / "tmp"),
+            DISABLE_EVENTS="1",
+            SKIP_SSL_CERT_DOWNLOAD="1",
+            PERSISTENCE="0",
+        )
+        (self.data_dir / "tmp").mkdir(exist_ok=True)
+        self.proc = spawn([str(python), "-m", "localstack.runtime.main"], self.log, env=env)
+
+        def ready() -> bool:
+            services = _health(self.url).get("services", {})
+            return all(services.get(s) in ("available", "running") for s in SERVICES)
+
+        wait_until(ready, timeout=timeout, what="LocalStack", proc=self.proc, log=self.log)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop(self.proc.pid, timeout=15)
+            self.proc.wait()
+            self.proc = None

@@ -1,0 +1,54 @@
+"""bench/converge.py still runs end to end (a tiny N, so that the script does not rot).
+
+It starts its own control plane, moto and operator, so it uses none of the session fixtures.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_bench_converge_smoke(tmp_path):
+    report = tmp_path / "bench.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "converge.py"),
+            "--n",
+            "9",
+            "--namespaces",
+            "3",
+            "--idle",
+            "2",
+            "--changes",
+            "3",
+            "--timeout",
+            "120",
+            "--json",
+            str(report),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=290,
+        check=False,
+    )
+    output = f"stdout:\n{result.stdout}\nstderr:\n{result.stderr[-4000:]}"
+    assert result.returncode == 0, output
+    for row in ("time to all Ready", "cloud resources left", "operator peak RSS"):
+        assert row in result.stdout, output
+    figures = json.loads(report.read_text())
+    assert figures["ok"] is True
+    assert figures["cloud_resources_left"] == 0
+    assert figures["details"]["ready"]["count"] == 9
+    assert figures["details"]["ready"]["expected"] == 9
+    assert figures["details"]["changes"]["reflected"] == 3

@@ -1,0 +1,517 @@
+"""The Helm chart against the real control plane: lint, render, install, and least privilege.
+
+Two releases are installed (with --skip-crds: the session already applied crds/, and helm
+refuses to adopt CRDs it does not own; the chart's CRDs are checked with a server-side dry
+run instead):
+
+- `cluster_wide`: the default values (two replicas, so kopf peering), a ClusterRole;
+- `namespaced`: watchNamespaces = [own-xxxx], a Role in own-xxxx only.
+
+For each, a token of the chart's ServiceAccount is checked with `kubectl auth can-i` for
+what the operator needs and for what it must not be able to do. Then the operator process
+itself runs with nothing but the namespaced release's token and drives a bucket, two queues
+(one a dead-letter target, so the operator GETs a Queue) and a database to Ready and back
+to deleted: any permission missing from the chart fails that test, and its log must not
+show a single 403. own-xxxx follows the suite's convention (tests/e2e/conftest.py): the
+session's operator runs with --namespace=!own-* and leaves such namespaces alone.
+
+The control plane has no kubelet, so the Deployment never gets pods; the chart's objects are
+checked as objects. helm is built on first use (hack/helm, a few minutes once per machine).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from provisioner.dev.binaries import cached_helm, ensure_helm
+from provisioner.dev.stack import OperatorProcess
+from tests.helpers import apply, events, get, secret_data, wait_for, wait_gone, wait_ready
+
+# The first test builds helm when it is not cached yet (a few minutes on 2 cores): give that
+# test room; with helm cached, the suite's usual 300 s applies.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300 if cached_helm() else 1200)]
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "helm" / "provisioner"
+GROUP = "cloud.provisioner.dev"
+KINDS = ("databaseinstances", "s3buckets", "queues")
+PEERING = "provisioner"
+
+
+class Helm:
+    def __init__(self, binary: Path, kubeconfig: str, home: Path) -> None:
+        self.binary = binary
+        self.kubeconfig = kubeconfig
+        # helm's cache, config and data stay in the test directory, not in ~.
+        self.env = dict(
+            os.environ,
+            HELM_CACHE_HOME=str(home / "cache"),
+            HELM_CONFIG_HOME=str(home / "config"),
+            HELM_DATA_HOME=str(home / "data"),
+        )
+
+    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [str(self.binary), *args, f"--kubeconfig={self.kubeconfig}"],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+            env=self.env,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} failed: {result.stderr.strip()}")
+        return result
+
+
+@dataclass
+class Release:
+    name: str
+    namespace: str
+    service_account: str
+    token: str
+    watched: str | None = None  # the one watched namespace, for the namespaced release
+
+
+def suffix() -> str:
+    return uuid.uuid4().hex[:8]
+
+
+@pytest.fixture(scope="module")
+def helm(cluster) -> Helm:
+    return Helm(ensure_helm(), cluster.kubeconfig, cluster.dir / "helm")
+
+
+def install(kube, helm: Helm, name: str, namespace: str, *sets: str) -> Release:
+    args = ["install", name, str(CHART), "--namespace", namespace, "--create-namespace"]
+    args += ["--skip-crds", "--set", "aws.region=us-east-1"]
+    for s in sets:
+        args += ["--set", s]
+    helm(*args)
+    sa = f"{name}-provisioner"
+    token = kube.kubectl("create", "token", sa, "-n", namespace, "--duration=1h").stdout.strip()
+    return Release(name=name, namespace=namespace, service_account=sa, token=token)
+
+
+def uninstall(kube, helm: Helm, release: Release) -> None:
+    helm("uninstall", release.name, "--namespace", release.namespace, check=False)
+    kube.kubectl("delete", "namespace", release.namespace, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def peering_crds(kube) -> Path:
+    """kopf's peering CRDs from the chart, applied for real: both releases run with peering
+    (two replicas) and create peering objects. They stay installed: other tests apply the same
+    file, and deleting a CRD they are about to use would race with them."""
+    path = CHART / "crds" / "kopf-peering.yaml"
+    kube.kubectl("apply", "-f", str(path))
+    kube.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def baseline(kube) -> Iterator[str]:
+    """A token of a ServiceAccount that nothing is bound to."""
+    ns = f"nobody-{suffix()}"
+    kube.kubectl("create", "namespace", ns)
+    kube.kubectl("create", "serviceaccount", "nobody", "-n", ns)
+    yield kube.kubectl("create", "token", "nobody", "-n", ns, "--duration=1h").stdout.strip()
+    kube.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def cluster_wide(kube, helm, peering_crds) -> Iterator[Release]:
+    s = suffix()
+    release = install(kube, helm, f"cw-{s}", f"prov-cw-{s}")
+    yield release
+    uninstall(kube, helm, release)
+
+
+@pytest.fixture(scope="module")
+def namespaced(kube, helm, peering_crds) -> Iterator[Release]:
+    s = suffix()
+    own = f"own-{s}"
+    kube.kubectl("create", "namespace", own)
+    release = install(
+        kube,
+        helm,
+        f"ns-{s}",
+        f"prov-ns-{s}",
+        f"watchNamespaces={{{own}}}",
+        f"clusterId={own}",
+    )
+    release.watched = own
+    yield release
+    uninstall(kube, helm, release)
+    kube.kubectl("delete", "namespace", own, "--wait=false", check=False)
+
+
+def can(kube, release: Release, verb: str, resource: str, *scope: str) -> bool:
+    """`kubectl auth can-i` as the release's ServiceAccount: True for yes, False for no."""
+    result = kube.kubectl_as(release.token, "auth", "can-i", verb, resource, *scope)
+    answer = result.stdout.strip()
+    assert answer in ("yes", "no"), f"can-i {verb} {resource} {scope}: {result.stderr.strip()}"
+    return answer == "yes"
+
+
+def rules_of(kube, token: str, namespace: str) -> set[tuple[str, str, str]]:
+    """(resource, resourceName, verb) a token may use in `namespace`: a SelfSubjectRulesReview.
+    (kubectl_as takes no stdin, hence the same token-only kubectl call here.)"""
+    review = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectRulesReview",
+        "spec": {"namespace": namespace},
+    }
+    out = subprocess.run(
+        [
+            "kubectl",
+            "--kubeconfig=/dev/null",
+            f"--server={kube.controlplane.apiserver_url}",
+            f"--certificate-authority={kube.controlplane.pki.ca_cert}",
+            f"--token={token}",
+            "create",
+            "--validate=false",
+            "-o",
+            "json",
+            "-f",
+            "-",
+        ],
+        input=json.dumps(review),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert out.returncode == 0, f"SelfSubjectRulesReview failed: {out.stderr.strip()}"
+    status = json.loads(out.stdout)["status"]
+    assert not status.get("incomplete"), status
+    found = set()
+    for rule in status["resourceRules"]:
+        for group in rule.get("apiGroups", []):
+            for resource in rule.get("resources", []):
+                for verb in rule["verbs"]:
+                    for name in rule.get("resourceNames") or [""]:
+                        found.add((f"{resource}.{group}".rstrip("."), name, verb))
+    return found
+
+
+def granted(kube, release: Release, baseline: str, namespace: str) -> set[tuple[str, str, str]]:
+    """What the release's token may do in `namespace` beyond what any authenticated user may
+    (the baseline: a ServiceAccount bound to nothing; self-reviews, ClusterTrustBundles...)."""
+    nobody = rules_of(kube, baseline, namespace)
+    mine = rules_of(kube, release.token, namespace)
+    assert nobody <= mine
+    return mine - nobody
+
+
+def operator_rules(peering_plural: str | None) -> set[tuple[str, str, str]]:
+    expected = set()
+    for kind in KINDS:
+        expected |= {(f"{kind}.{GROUP}", "", v) for v in ("list", "watch", "patch")}
+        expected.add((f"{kind}/status.{GROUP}", "", "patch"))
+        expected.add((f"{kind}/finalizers.{GROUP}", "", "update"))
+    expected.add((f"queues.{GROUP}", "", "get"))
+    expected |= {("secrets", "", v) for v in ("get", "create", "update", "delete")}
+    expected.add(("events", "", "create"))
+    if peering_plural:
+        expected |= {(f"{peering_plural}.kopf.dev", "", v) for v in ("list", "watch")}
+        expected.add((f"{peering_plural}.kopf.dev", PEERING, "patch"))
+    return expected
+
+
+# Lint and render ---------------------------------------------------------------------------
+
+
+def test_lint_is_clean(helm):
+    for sets in ([], ["--set", "watchNamespaces={a,b}"], ["--set", "replicas=1"]):
+        result = helm("lint", "--strict", str(CHART), *sets)
+        assert "0 chart(s) failed" in result.stdout
+        assert "[WARNING]" not in result.stdout and "[ERROR]" not in result.stdout, result.stdout
+
+
+def test_template_renders_and_the_crds_are_accepted_by_the_apiserver(kube, helm, tmp_path):
+    result = helm(
+        "template", "provisioner", str(CHART), "-n", "provisioner-system", "--include-crds"
+    )
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
+    assert sorted(d["metadata"]["name"] for d in crds) == sorted(
+        [f"{k}.{GROUP}" for k in KINDS] + ["clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"]
+    )
+    path = tmp_path / "crds.yaml"
+    path.write_text(yaml.safe_dump_all(crds))
+    kube.kubectl("apply", "--server-side", "--force-conflicts", "--dry-run=server", "-f", str(path))
+    assert {d["kind"] for d in docs} >= {"ServiceAccount", "ClusterRole", "Deployment", "Service"}
+
+
+# Installed objects ---------------------------------------------------------------------------
+
+
+def test_cluster_wide_install_creates_its_objects(kube, cluster_wide):
+    ns, name = cluster_wide.namespace, cluster_wide.name
+    full = f"{name}-provisioner"
+    deployment = json.loads(kube.kubectl("get", "deployment", full, "-n", ns, "-o", "json").stdout)
+    spec = deployment["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] == cluster_wide.service_account
+    assert spec["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+    kube.kubectl("get", "serviceaccount", cluster_wide.service_account, "-n", ns)
+    kube.kubectl("get", "service", f"{full}-metrics", "-n", ns)
+    kube.kubectl("get", "clusterrole", full)
+    kube.kubectl("get", "poddisruptionbudget", full, "-n", ns)
+    kube.kubectl("get", "clusterkopfpeering.kopf.dev", PEERING)
+    binding = json.loads(kube.kubectl("get", "clusterrolebinding", full, "-o", "json").stdout)
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": cluster_wide.service_account, "namespace": ns}
+    ]
+    roles = kube.kubectl(
+        "get", "roles,rolebindings", "-A", "-l", f"app.kubernetes.io/instance={name}"
+    )
+    assert "No resources found" in roles.stderr or not roles.stdout.strip()
+
+
+def test_namespaced_install_creates_only_namespaced_rbac(kube, namespaced):
+    own, name = namespaced.watched, namespaced.name
+    full = f"{name}-provisioner"
+    kube.kubectl("get", "deployment", full, "-n", namespaced.namespace)
+    kube.kubectl("get", "serviceaccount", namespaced.service_account, "-n", namespaced.namespace)
+    kube.kubectl("get", "role", full, "-n", own)
+    binding = json.loads(kube.kubectl("get", "rolebinding", full, "-n", own, "-o", "json").stdout)
+    assert binding["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": namespaced.service_account,
+            "namespace": namespaced.namespace,
+        }
+    ]
+    kube.kubectl("get", "kopfpeering.kopf.dev", PEERING, "-n", own)
+    selector = f"app.kubernetes.io/instance={name}"
+    cluster_scoped = kube.kubectl("get", "clusterroles,clusterrolebindings", "-l", selector)
+    assert not cluster_scoped.stdout.strip()
+
+
+# Least privilege ---------------------------------------------------------------------------
+
+
+def test_cluster_wide_token_has_exactly_the_operator_rules(kube, cluster_wide, baseline, namespace):
+    expected = operator_rules("clusterkopfpeerings")
+    assert granted(kube, cluster_wide, baseline, namespace) == expected
+    assert granted(kube, cluster_wide, baseline, "kube-system") == expected
+
+
+def test_cluster_wide_token_can_do_what_the_operator_does(kube, cluster_wide, namespace):
+    r, ns = cluster_wide, ["-n", namespace]
+    for kind in KINDS:
+        resource = f"{kind}.{GROUP}"
+        for verb in ("list", "watch"):
+            assert can(kube, r, verb, resource, "--all-namespaces")
+        assert can(kube, r, "patch", resource, *ns)
+        assert can(kube, r, "patch", resource, "--subresource=status", *ns)
+        assert can(kube, r, "update", resource, "--subresource=finalizers", *ns)
+    assert can(kube, r, "get", f"queues.{GROUP}", *ns)
+    for verb in ("get", "create", "update", "delete"):
+        assert can(kube, r, verb, "secrets", *ns)
+    assert can(kube, r, "create", "events", *ns)
+    assert can(kube, r, "list", "clusterkopfpeerings.kopf.dev")
+    assert can(kube, r, "patch", f"clusterkopfpeerings.kopf.dev/{PEERING}")
+
+
+def test_cluster_wide_token_cannot_do_anything_else(kube, cluster_wide, namespace):
+    r, ns = cluster_wide, ["-n", namespace]
+    denied = [
+        ("list", "secrets", "--all-namespaces"),
+        ("list", "secrets", *ns),
+        ("watch", "secrets", *ns),
+        ("patch", "secrets", *ns),
+        ("get", f"s3buckets.{GROUP}", *ns),
+        ("create", f"s3buckets.{GROUP}", *ns),
+        ("update", f"s3buckets.{GROUP}", *ns),
+        ("delete", f"queues.{GROUP}", *ns),
+        ("create", "pods", *ns),
+        ("create", "pods/exec", *ns),
+        ("create", "deployments.apps", *ns),
+        ("list", "configmaps", *ns),
+        ("patch", "events", *ns),
+        ("create", "serviceaccounts/token", *ns),
+        ("delete", "namespaces"),
+        ("list", "namespaces"),
+        ("get", "nodes"),
+        ("create", "customresourcedefinitions.apiextensions.k8s.io"),
+        ("update", "customresourcedefinitions.apiextensions.k8s.io"),
+        ("patch", "customresourcedefinitions.apiextensions.k8s.io"),
+        ("delete", "customresourcedefinitions.apiextensions.k8s.io"),
+        ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
+        ("escalate", "clusterroles.rbac.authorization.k8s.io"),
+        ("bind", "clusterroles.rbac.authorization.k8s.io"),
+        ("impersonate", "serviceaccounts"),
+        ("patch", "clusterkopfpeerings.kopf.dev/other"),
+        ("create", "clusterkopfpeerings.kopf.dev"),
+        ("delete", "clusterkopfpeerings.kopf.dev"),
+        ("list", "kopfpeerings.kopf.dev", *ns),
+    ]
+    allowed = [args for args in denied if can(kube, r, *args)]
+    assert not allowed, f"the cluster-wide token may also: {allowed}"
+
+
+def test_namespaced_token_has_exactly_the_operator_rules_in_its_namespace_only(
+    kube, namespaced, baseline, namespace
+):
+    own = namespaced.watched
+    assert granted(kube, namespaced, baseline, own) == operator_rules("kopfpeerings")
+    for elsewhere in (namespace, "kube-system", "default", namespaced.namespace):
+        assert granted(kube, namespaced, baseline, elsewhere) == set(), elsewhere
+
+
+def test_namespaced_token_cannot_reach_outside_its_namespace(kube, namespaced, namespace):
+    r, own = namespaced, ["-n", namespaced.watched]
+    for verb in ("get", "create", "update", "delete"):
+        assert can(kube, r, verb, "secrets", *own)
+    assert can(kube, r, "patch", f"kopfpeerings.kopf.dev/{PEERING}", *own)
+    denied = [
+        ("get", "secrets", "-n", "kube-system"),
+        ("get", "secrets", "-n", namespace),
+        ("get", "secrets", "-n", namespaced.namespace),
+        ("list", "secrets", "--all-namespaces"),
+        ("list", "secrets", *own),
+        ("list", f"s3buckets.{GROUP}", "--all-namespaces"),
+        ("watch", f"queues.{GROUP}", "-n", namespace),
+        ("patch", f"queues.{GROUP}", "-n", namespace),
+        ("create", "events", "-n", namespace),
+        ("patch", "kopfpeerings.kopf.dev/other", *own),
+        ("list", "clusterkopfpeerings.kopf.dev"),
+        ("create", "pods", *own),
+        ("delete", "namespaces"),
+        ("list", "namespaces"),
+        ("delete", "customresourcedefinitions.apiextensions.k8s.io"),
+        ("create", "rolebindings.rbac.authorization.k8s.io", *own),
+    ]
+    allowed = [args for args in denied if can(kube, r, *args)]
+    assert not allowed, f"the namespaced token may also: {allowed}"
+
+
+# The operator itself, as the ServiceAccount -----------------------------------------------------
+
+
+def token_kubeconfig(kube, release: Release, path: Path) -> Path:
+    cp = kube.controlplane
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "test",
+                "cluster": {
+                    "server": cp.apiserver_url,
+                    "certificate-authority": str(cp.pki.ca_cert),
+                },
+            }
+        ],
+        "users": [{"name": release.service_account, "user": {"token": release.token}}],
+        "contexts": [
+            {
+                "name": "sa",
+                "context": {
+                    "cluster": "test",
+                    "user": release.service_account,
+                    "namespace": release.watched,
+                },
+            }
+        ],
+        "current-context": "sa",
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
+
+
+def test_operator_runs_on_the_chart_permissions_alone(kube, aws, namespaced):
+    own = namespaced.watched
+    assert own is not None
+    log = kube.dir / f"operator-{own}.log"
+    identity = f"sa-operator-{own}"
+    op = OperatorProcess(
+        kubeconfig=str(token_kubeconfig(kube, namespaced, kube.dir / f"{own}.kubeconfig")),
+        endpoint_url=kube.moto.url,
+        log=log,
+        # What the chart's Deployment passes with two replicas (namespaces, cluster id and
+        # peering as the chart sets them), with the test suite's short resync.
+        extra_args=[f"--namespace={own}", f"--peering={PEERING}", "--resync-seconds=4"],
+        extra_env={"PROVISIONER_CLUSTER_ID": own, "POD_ID": identity},
+    )
+    op.start()
+    try:
+        apply(
+            kube,
+            own,
+            "apiVersion: cloud.provisioner.dev/v1alpha1\nkind: S3Bucket\n"
+            "metadata:\n  name: files\nspec: {}\n"
+            "---\napiVersion: cloud.provisioner.dev/v1alpha1\nkind: Queue\n"
+            "metadata:\n  name: dlq\nspec: {}\n"
+            "---\napiVersion: cloud.provisioner.dev/v1alpha1\nkind: Queue\n"
+            "metadata:\n  name: jobs\nspec:\n  deadLetter: {queueRef: {name: dlq}}\n"
+            "---\napiVersion: cloud.provisioner.dev/v1alpha1\nkind: DatabaseInstance\n"
+            "metadata:\n  name: db\nspec:\n  engine: postgres\n  instanceClass: db.t3.micro\n"
+            "  allocatedStorageGiB: 20\n  deletionPolicy: Delete\n",
+        )
+        bucket = wait_ready(kube, "s3bucket", own, "files", timeout=90)
+        wait_ready(kube, "queue", own, "dlq", timeout=90)
+        jobs = wait_ready(kube, "queue", own, "jobs", timeout=90)
+        db = wait_ready(kube, "databaseinstance", own, "db", timeout=120)
+
+        # The connection Secrets were written, and the cloud resources carry this operator's
+        # cluster id: it was this operator, not another, that made them.
+        for name in ("files", "dlq", "jobs", "db"):
+            assert secret_data(kube, own, f"{name}-connection"), name
+        bucket_name = bucket["status"]["externalName"]
+        tags = aws.s3.get_bucket_tagging(Bucket=bucket_name)["TagSet"]
+        assert {"Key": "provisioner.dev/cluster", "Value": own} in tags
+        queue_url = jobs["status"]["queueUrl"]
+        assert aws.sqs.list_queue_tags(QueueUrl=queue_url)["Tags"]["provisioner.dev/cluster"] == own
+        db_id = db["status"]["externalName"]
+        (instance,) = aws.rds.describe_db_instances(DBInstanceIdentifier=db_id)["DBInstances"]
+        rds_tags = {t["Key"]: t["Value"] for t in instance.get("TagList", [])}
+        assert rds_tags["provisioner.dev/cluster"] == own
+        # Events were posted, and the peering object carries this operator's keep-alive.
+        assert events(kube, own, "files"), "no Events for the bucket"
+        peering = get(kube, "kopfpeering.kopf.dev", own, PEERING)
+        assert identity in (peering or {}).get("status", {}), peering
+
+        for kind, name in (
+            ("s3bucket", "files"),
+            ("queue", "jobs"),
+            ("queue", "dlq"),
+            ("databaseinstance", "db"),
+        ):
+            kube.kubectl("delete", kind, name, "-n", own, "--wait=false")
+        for kind, name in (
+            ("s3bucket", "files"),
+            ("queue", "jobs"),
+            ("queue", "dlq"),
+            ("databaseinstance", "db"),
+        ):
+            wait_gone(kube, kind, own, name, timeout=120)
+        for name in ("files", "dlq", "jobs", "db"):
+            assert secret_data(kube, own, f"{name}-connection") is None, name
+        assert bucket_name not in [b["Name"] for b in aws.s3.list_buckets()["Buckets"]]
+        wait_for(
+            lambda: (
+                not any(
+                    u.endswith(jobs["status"]["externalName"])
+                    for u in aws.sqs.list_queues().get("QueueUrls", [])
+                )
+            ),
+            what="the queue to be gone from the cloud",
+        )
+    finally:
+        op.stop()
+    text = log.read_text(errors="replace")
+    for needle in ("403", "Forbidden", "forbidden"):
+        assert needle not in text, f"{needle!r} in {log}"
