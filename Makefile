@@ -23,6 +23,7 @@ demo: binaries
 
 test: binaries
 	$(PY) -m pytest
+	$(MAKE) --no-print-directory test-localstack
 
 test-fast: $(STAMP)
 	$(PY) -m pytest tests/unit tests/cloud

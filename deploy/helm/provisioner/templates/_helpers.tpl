@@ -1,0 +1,101 @@
+{{/* Names and labels. */}}
+{{- define "provisioner.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "provisioner.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "provisioner.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "provisioner.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "provisioner.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "provisioner.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "provisioner.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "provisioner.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* kopf peering is on with more than one replica ("true" or ""). */}}
+{{- define "provisioner.peering" -}}
+{{- if gt (int .Values.replicas) 1 }}true{{ end }}
+{{- end }}
+
+{{/*
+Checks that fail the render with a message instead of shipping something that cannot work.
+*/}}
+{{- define "provisioner.validate" -}}
+{{- range .Values.watchNamespaces }}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$" .) }}
+{{- fail (printf "watchNamespaces: %q is not a namespace name; globs and patterns are refused because the chart grants a Role in each listed namespace" .) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The permissions the operator needs on its custom resources and on what it writes next to
+them, in the watched namespaces (all of them through a ClusterRole, or a Role in each).
+*/}}
+{{- define "provisioner.namespacedRules" -}}
+# kopf watches the three kinds (list + watch) and merge-patches them: its finalizer in
+# metadata.finalizers while a resource exists in the cloud.
+- apiGroups: [cloud.provisioner.dev]
+  resources: [databaseinstances, s3buckets, queues]
+  verbs: [list, watch, patch]
+# The operator reads the Queue named by a Queue's spec.deadLetter.queueRef.
+- apiGroups: [cloud.provisioner.dev]
+  resources: [queues]
+  verbs: [get]
+# Conditions, observedGeneration and kopf's progress are written to the status subresource.
+- apiGroups: [cloud.provisioner.dev]
+  resources: [databaseinstances/status, s3buckets/status, queues/status]
+  verbs: [patch]
+# Connection Secrets are owned by their CR with blockOwnerDeletion: true, which clusters with
+# the OwnerReferencesPermissionEnforcement admission plugin allow only to whoever may update
+# the owner's finalizers.
+- apiGroups: [cloud.provisioner.dev]
+  resources: [databaseinstances/finalizers, s3buckets/finalizers, queues/finalizers]
+  verbs: [update]
+# Connection Secrets: read one by name, create it, replace it when its content changes,
+# delete it when the CR goes. No list or watch: the operator never enumerates Secrets.
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get, create, update, delete]
+# kopf posts core/v1 Events (kopf._core.engines.posting: Selector('v1', 'events')).
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+{{- end }}
+
+{{/* kopf peering: keep-alives are merge-patches to one named object; the rest is watched. */}}
+{{- define "provisioner.peeringRules" -}}
+{{- $plural := .plural }}
+- apiGroups: [kopf.dev]
+  resources: [{{ $plural }}]
+  verbs: [list, watch]
+- apiGroups: [kopf.dev]
+  resources: [{{ $plural }}]
+  resourceNames: [{{ .name | quote }}]
+  verbs: [patch]
+{{- end }}
