@@ -41,7 +41,10 @@ def ensure_localstack() -> Path:
     marker = venv / ".installed"
     if marker.exists() and python.exists():
         return python
-    print(f"provisioner: installing LocalStack {LOCALSTACK_VERSION} into {venv} (once)", file=sys.stderr)
+    print(
+        f"provisioner: installing LocalStack {LOCALSTACK_VERSION} into {venv} (once)",
+        file=sys.stderr,
+    )
     shutil.rmtree(venv, ignore_errors=True)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     result = subprocess.run(
@@ -79,9 +82,7 @@ class LocalStackServer:
         python = ensure_localstack()
         self.port = self.port or free_port()
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        env = {
-            k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "PROVISIONER_"))
-        }
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "PROVISIONER_"))}
         env.update(
             DNS_ADDRESS="0",
             GATEWAY_LISTEN=f"127.0.0.1:{self.port}",

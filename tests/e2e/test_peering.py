@@ -38,6 +38,7 @@ def test_two_replicas_one_acts_and_the_other_takes_over(kube, aws, own_namespace
     peering = ["--peering=provisioner", f"--peering-lifetime={LIFETIME}"]
     active = start_operator(args=[*peering, "--peering-priority=200"])
     standby = start_operator(args=[*peering, "--peering-priority=100"])
+
     def peers() -> list[int]:
         out = kube.kubectl("get", "kopfpeering", "provisioner", "-n", own_namespace, "-o", "json")
         return sorted(p["priority"] for p in (json.loads(out.stdout).get("status") or {}).values())
