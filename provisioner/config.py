@@ -67,7 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="watch only this namespace (repeatable; globs allowed); default: all",
     )
     parser.add_argument(
-        "--resync-seconds", type=float, help="periodic re-check of every resource (default 300)"
+        "--resync-seconds",
+        type=float,
+        help="periodic re-check of every resource (default 300; 0 turns it off)",
     )
     parser.add_argument("--liveness-port", type=int, help="port of /healthz (default 8080)")
     parser.add_argument("--metrics-port", type=int, help="Prometheus metrics port (0: off)")

@@ -13,9 +13,11 @@ from __future__ import annotations
 import logging
 import random
 import time
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
+import aiohttp
 import kopf
 
 from provisioner import FINALIZER, GROUP, VERSION, metrics
@@ -61,8 +63,9 @@ def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: Settings) -> 
     kopf_settings.watching.connect_timeout = 10
     kopf_settings.networking.connect_timeout = 10
     kopf_settings.networking.request_timeout = 60
-    kopf_settings.batching.worker_limit = settings.workers
-    kopf_settings.batching.idle_timeout = 30
+    # One cheap asyncio worker per object, unlimited: a limit makes objects queue behind
+    # idle workers of others. Cloud concurrency is bounded by the executor (--workers).
+    kopf_settings.batching.worker_limit = None
     kopf_settings.background.cancellation_polling = 5
     if settings.peering:
         kopf_settings.peering.name = settings.peering
@@ -77,6 +80,43 @@ def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: Settings) -> 
         )
     else:
         kopf_settings.peering.standalone = True
+
+
+def api_connection_limit(settings: Settings) -> int:
+    """Connections to the API server: the watch streams (three kinds and peering per
+    namespace) plus room for requests. 0 (unlimited) when globs hide the namespace count."""
+    if any(ch in pattern for pattern in settings.namespaces for ch in "*?!,"):
+        return 0
+    return 4 * max(1, len(settings.namespaces)) + 24
+
+
+def bounded_session(
+    info: kopf.ConnectionInfo | None, settings: Settings
+) -> kopf.AiohttpSession | None:
+    """kopf's own session opens a connection per concurrent request without a limit; a
+    burst of 1,000 status patches then holds 1,000 TLS connections of 256 KiB buffers each.
+    The same session with a bounded pool queues the requests instead."""
+    if info is None:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        auth = info.as_aiohttp_basic_auth()
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(
+            limit=api_connection_limit(settings), ssl=info.as_ssl_context()
+        ),
+        headers=info.as_http_headers(),
+        auth=auth,
+        proxy=info.proxy_url,
+        trust_env=info.trust_env,
+    )
+    return kopf.AiohttpSession(
+        aiohttp_session=session,
+        server=info.server,
+        default_namespace=info.default_namespace,
+        priority=info.priority,
+        expiration=info.expiration,
+    )
 
 
 def _outcome(result: Result) -> str:
@@ -137,7 +177,11 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
         configure_kopf(settings, reconciler.settings)
 
     kopf.on.startup(registry=registry)(startup)
-    kopf.on.login(registry=registry)(kopf.login_via_client)
+
+    async def login(**kwargs: Any) -> kopf.AiohttpSession | None:
+        return bounded_session(kopf.login_via_client(**kwargs), settings)
+
+    kopf.on.login(registry=registry)(login)
 
     async def on_change(body: Any, patch: kopf.Patch, retry: int, **_: Any) -> None:
         raw, started = plain(body), time.monotonic()
@@ -181,6 +225,7 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
         kopf.on.create(GROUP, VERSION, plural, id="reconcile", **kw)(on_change)
         kopf.on.update(GROUP, VERSION, plural, id="reconcile", **kw)(on_change)
         kopf.on.delete(GROUP, VERSION, plural, id="finalize", **kw)(on_delete)
-        kopf.daemon(GROUP, VERSION, plural, id="resync", cancellation_timeout=5.0, **kw)(
-            resync_loop
-        )
+        if settings.resync_seconds > 0:
+            kopf.daemon(GROUP, VERSION, plural, id="resync", cancellation_timeout=5.0, **kw)(
+                resync_loop
+            )
