@@ -8,6 +8,7 @@ import ctypes
 import json
 import logging
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from provisioner import config
@@ -38,7 +39,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from provisioner.cloud import make_clients
     from provisioner.cloud.aws import Aws, AwsSettings
     from provisioner.kube import Kube
-    from provisioner.operator import post_event, register
+    from provisioner.operator import event_poster, register
     from provisioner.reconcile import Reconciler
 
     settings = config.from_args(args)
@@ -51,9 +52,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     for noisy in ("botocore", "boto3", "urllib3", "kubernetes"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     aws = Aws(AwsSettings(region=settings.region, endpoint_url=settings.endpoint_url))
-    reconciler = Reconciler(
-        settings, Kube(pool_size=settings.workers), make_clients(aws), post_event
-    )
+    kube = Kube(pool_size=settings.workers + 4)
+    events = ThreadPoolExecutor(max_workers=2, thread_name_prefix="events")
+    reconciler = Reconciler(settings, kube, make_clients(aws), event_poster(kube, events))
     if settings.metrics_port:
         from provisioner import metrics
 

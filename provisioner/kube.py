@@ -7,6 +7,9 @@ Plain dicts in and out through the kubernetes client's transport: no model
 from __future__ import annotations
 
 import json
+import secrets
+import socket
+from datetime import UTC, datetime
 from typing import Any
 
 import kubernetes
@@ -100,6 +103,41 @@ class Kube:
         except KubeError as exc:
             if exc.status != 409:  # uid precondition failed: it is someone else's now
                 raise
+
+    # Events -----------------------------------------------------------------------
+
+    def post_event(
+        self, body: dict[str, Any], type_: str, reason: str, message: str, component: str
+    ) -> None:
+        """A core/v1 Event on the object, as `kubectl describe` shows it."""
+        meta = body["metadata"]
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                "name": f"{meta['name']}.{secrets.token_hex(8)}",
+                "namespace": meta["namespace"],
+            },
+            "involvedObject": {
+                "apiVersion": body.get("apiVersion", API_VERSION),
+                "kind": body["kind"],
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": component},
+            "reportingComponent": component,
+            "reportingInstance": socket.gethostname()[:128],
+            "firstTimestamp": now[:19] + "Z",
+            "lastTimestamp": now[:19] + "Z",
+            "eventTime": None,
+            "count": 1,
+        }
+        self.request("POST", f"/api/v1/namespaces/{meta['namespace']}/events", event)
 
     # Custom resources -----------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 - create / update / resume -> Reconciler.reconcile (status merged into kopf's own patch)
 - delete                   -> Reconciler.finalize (kopf holds our finalizer until it returns)
-- a daemon per resource    -> Reconciler.resync every `resync_seconds` (+-10% jitter)
+- one resync loop          -> Reconciler.resync of each resource every `resync_seconds`
 
 kopf keeps its bookkeeping (handler progress, last-handled spec) in `status.kopf`,
 so a pass that finishes writes a single status patch and no annotations.
@@ -14,7 +14,8 @@ import logging
 import random
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor, Future
 from typing import Any
 
 import aiohttp
@@ -23,24 +24,43 @@ import kopf
 from provisioner import FINALIZER, GROUP, VERSION, metrics
 from provisioner import conditions as cond
 from provisioner.config import Settings
-from provisioner.kube import PLURALS
+from provisioner.kube import PLURALS, Kube
 from provisioner.models import Resource
 from provisioner.reconcile import Event, Reconciler, Result
+from provisioner.resync import ResyncScheduler
 
 log = logging.getLogger(__name__)
 
 
 def plain(value: Any) -> Any:
-    """A deep, plain-dict copy of a kopf body view (kopf's views are read-only and live)."""
+    """A deep, plain-dict copy of a kopf body view (kopf's views are read-only and live).
+
+    managedFields, often the bulk of an object, are left out: nothing here reads them.
+    """
     if isinstance(value, Mapping):
-        return {k: plain(v) for k, v in value.items()}
+        return {k: plain(v) for k, v in value.items() if k != "managedFields"}
     if isinstance(value, list | tuple):
         return [plain(v) for v in value]
     return value
 
 
-def post_event(body: dict[str, Any], event: Event) -> None:
-    kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+def event_poster(kube: Kube, executor: Executor) -> Callable[[dict[str, Any], Event], None]:
+    """Events are posted in the background: a pass never waits for them, and a failure to
+    post one is logged, never fatal."""
+
+    def post(body: dict[str, Any], event: Event) -> None:
+        future = executor.submit(
+            kube.post_event, body, event.type, event.reason, event.message, "provisioner"
+        )
+        future.add_done_callback(_log_failure)
+
+    return post
+
+
+def _log_failure(future: Future[None]) -> None:
+    exc = future.exception()
+    if exc is not None:
+        log.warning("could not post an Event: %s", exc)
 
 
 def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: Settings) -> None:
@@ -63,9 +83,12 @@ def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: Settings) -> 
     kopf_settings.watching.connect_timeout = 10
     kopf_settings.networking.connect_timeout = 10
     kopf_settings.networking.request_timeout = 60
-    # One cheap asyncio worker per object, unlimited: a limit makes objects queue behind
-    # idle workers of others. Cloud concurrency is bounded by the executor (--workers).
-    kopf_settings.batching.worker_limit = None
+    # kopf runs one worker per object and keeps it for `idle_timeout` after its last event.
+    # A bounded number of workers keeps a burst of 1,000 new resources from holding 1,000
+    # bodies, diffs and patches in memory at once; a short idle time keeps objects from
+    # queueing behind the idle workers of others.
+    kopf_settings.batching.worker_limit = 2 * max(1, settings.workers)
+    kopf_settings.batching.idle_timeout = 0.5
     kopf_settings.background.cancellation_polling = 5
     if settings.peering:
         kopf_settings.peering.name = settings.peering
@@ -173,8 +196,12 @@ def _apply(
 
 
 def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: Settings) -> None:
-    def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+    chosen: dict[str, int | None] = {}
+
+    async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure_kopf(settings, reconciler.settings)
+        chosen["priority"] = settings.peering.priority if reconciler.settings.peering else None
+        scheduler.start()
 
     kopf.on.startup(registry=registry)(startup)
 
@@ -185,39 +212,37 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
 
     async def on_change(body: Any, patch: kopf.Patch, retry: int, **_: Any) -> None:
         raw, started = plain(body), time.monotonic()
-        result = _apply(patch, reconciler, raw, await reconciler.reconcile(raw, retry), started)
+        outcome = await reconciler.reconcile(raw, retry)
+        scheduler.track(outcome[1])
+        result = _apply(patch, reconciler, raw, outcome, started)
         if result.requeue_after is not None:
             raise kopf.TemporaryError(result.retry_message, delay=result.requeue_after)
 
     async def on_delete(body: Any, patch: kopf.Patch, retry: int, **_: Any) -> None:
         raw, started = plain(body), time.monotonic()
-        result = _apply(patch, reconciler, raw, await reconciler.finalize(raw, retry), started)
+        outcome = await reconciler.finalize(raw, retry)
+        result = _apply(patch, reconciler, raw, outcome, started)
+        if result.released:
+            scheduler.untrack(outcome[1].uid)
         if not result.released:
             raise kopf.TemporaryError(result.retry_message, delay=result.requeue_after or 5.0)
 
-    async def resync_loop(body: Any, stopped: kopf.DaemonStopped, **_: Any) -> None:
-        while not stopped:
-            await stopped.wait(settings.resync_seconds * random.uniform(0.9, 1.1))
-            if stopped:
-                return
-            raw, started = plain(body), time.monotonic()
-            if raw.get("metadata", {}).get("deletionTimestamp"):
-                return
-            outcome = await reconciler.resync(raw)
-            if outcome is None:
-                continue
-            result, resource = outcome
-            status = reconciler.status_patch(resource, result)
-            if status:
-                await reconciler.run(
-                    reconciler.kube.patch_status,
-                    resource.kind,
-                    resource.namespace,
-                    resource.name,
-                    status,
-                )
-            reconciler.emit(raw, resource, result)
-            _measure(raw, resource, result, started)
+    async def after_resync(raw: dict[str, Any], outcome: tuple[Result, Resource]) -> None:
+        result, resource = outcome
+        started = time.monotonic()
+        status = reconciler.status_patch(resource, result)
+        if status:
+            await reconciler.run(
+                reconciler.kube.patch_status,
+                resource.kind,
+                resource.namespace,
+                resource.name,
+                status,
+            )
+        reconciler.emit(raw, resource, result)
+        _measure(raw, resource, result, started)
+
+    scheduler = ResyncScheduler(reconciler, settings, after_resync, lambda: chosen.get("priority"))
 
     for plural in PLURALS.values():
         kw: dict[str, Any] = {"registry": registry}
@@ -225,7 +250,8 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
         kopf.on.create(GROUP, VERSION, plural, id="reconcile", **kw)(on_change)
         kopf.on.update(GROUP, VERSION, plural, id="reconcile", **kw)(on_change)
         kopf.on.delete(GROUP, VERSION, plural, id="finalize", **kw)(on_delete)
-        if settings.resync_seconds > 0:
-            kopf.daemon(GROUP, VERSION, plural, id="resync", cancellation_timeout=5.0, **kw)(
-                resync_loop
-            )
+
+    async def cleanup(**_: Any) -> None:
+        await scheduler.stop()
+
+    kopf.on.cleanup(registry=registry)(cleanup)

@@ -1,0 +1,136 @@
+"""The periodic resync: one loop for all resources instead of one kopf daemon each.
+
+A kopf daemon per resource keeps a task, a stopper and a live copy of the body for every
+object (about 20 KB each); this loop keeps a due time and a name. Each resource that
+reconciled is re-checked every `resync_seconds` (+-10 % jitter, so 1,000 of them spread
+out): its current body is read (a GET, never a write) and handed to Reconciler.resync.
+
+Under peering, a replica that is paused in favour of a higher-priority peer must not act:
+kopf pauses its own handlers, and this loop checks the same peering object kopf uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from provisioner.config import Settings
+from provisioner.models import Resource
+from provisioner.reconcile import Reconciler
+
+log = logging.getLogger(__name__)
+PEERING_GROUP = "kopf.dev/v1"
+
+
+class ResyncScheduler:
+    def __init__(
+        self,
+        reconciler: Reconciler,
+        settings: Settings,
+        after: Callable[[dict[str, Any], Any], Awaitable[None]],
+        peering_priority: Callable[[], int | None],
+    ) -> None:
+        self.reconciler = reconciler
+        self.settings = settings
+        self.after = after  # applies a resync's outcome (status patch, Events, metrics)
+        self.peering_priority = peering_priority
+        self.due: dict[str, tuple[float, str, str, str]] = {}
+        self._peering_cache: dict[str, tuple[float, bool]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def _next(self) -> float:
+        return time.monotonic() + self.settings.resync_seconds * random.uniform(0.9, 1.1)
+
+    def track(self, resource: Resource) -> None:
+        if resource.uid not in self.due:
+            self.due[resource.uid] = (
+                self._next(),
+                resource.kind,
+                resource.namespace,
+                resource.name,
+            )
+
+    def untrack(self, uid: str) -> None:
+        self.due.pop(uid, None)
+
+    def start(self) -> None:
+        if self.settings.resync_seconds > 0 and self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name="resync")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    async def _loop(self) -> None:
+        tick = max(0.2, min(1.0, self.settings.resync_seconds / 10))
+        while True:
+            await asyncio.sleep(tick)
+            now = time.monotonic()
+            ready = [(uid, entry) for uid, entry in self.due.items() if entry[0] <= now]
+            for uid, (_, kind, namespace, name) in ready:
+                self.due[uid] = (self._next(), kind, namespace, name)
+            if ready:
+                await asyncio.gather(
+                    *(self._one(uid, kind, ns, name) for uid, (_, kind, ns, name) in ready),
+                    return_exceptions=True,
+                )
+
+    async def _one(self, uid: str, kind: str, namespace: str, name: str) -> None:
+        try:
+            if await self._paused(namespace):
+                return
+            body = await self.reconciler.run(
+                self.reconciler.kube.get_resource, kind, namespace, name
+            )
+            if body is None or body.get("metadata", {}).get("uid") != uid:
+                self.untrack(uid)
+                return
+            if body["metadata"].get("deletionTimestamp"):
+                return
+            body.setdefault("kind", kind)
+            outcome = await self.reconciler.resync(body)
+            if outcome is not None:
+                await self.after(body, outcome)
+        except Exception:  # the next period tries again
+            log.exception("resync of %s %s/%s failed", kind, namespace, name)
+
+    async def _paused(self, namespace: str) -> bool:
+        """Whether a live peer with a higher priority holds this namespace (or the cluster)."""
+        mine = self.peering_priority()
+        if not self.settings.peering or mine is None:
+            return False
+        clusterwide = not self.settings.namespaces
+        key = "" if clusterwide else namespace
+        cached = self._peering_cache.get(key)
+        if cached and cached[0] > time.monotonic():
+            return cached[1]
+        name = self.settings.peering
+        path = (
+            f"/apis/{PEERING_GROUP}/clusterkopfpeerings/{name}"
+            if clusterwide
+            else f"/apis/{PEERING_GROUP}/namespaces/{namespace}/kopfpeerings/{name}"
+        )
+        peering = await self.reconciler.run(self.reconciler.kube.request, "GET", path) or {}
+        now = datetime.now(UTC)
+        paused = False
+        for peer in (peering.get("status") or {}).values():
+            try:
+                seen = datetime.fromisoformat(str(peer["lastseen"]))
+                if seen.tzinfo is None:
+                    seen = seen.replace(tzinfo=UTC)
+                alive = (now - seen).total_seconds() < float(peer.get("lifetime", 60))
+                paused = paused or (alive and int(peer.get("priority", 0)) > mine)
+            except (KeyError, TypeError, ValueError):
+                continue
+        self._peering_cache[key] = (time.monotonic() + 2.0, paused)
+        return paused
