@@ -216,15 +216,14 @@ def granted(kube, release: Release, baseline: str, namespace: str) -> set[tuple[
 def operator_rules(peering_plural: str | None) -> set[tuple[str, str, str]]:
     expected = set()
     for kind in KINDS:
-        expected |= {(f"{kind}.{GROUP}", "", v) for v in ("list", "watch", "patch")}
+        expected |= {(f"{kind}.{GROUP}", "", v) for v in ("get", "list", "watch", "patch")}
         expected.add((f"{kind}/status.{GROUP}", "", "patch"))
         expected.add((f"{kind}/finalizers.{GROUP}", "", "update"))
-    expected.add((f"queues.{GROUP}", "", "get"))
     expected |= {("secrets", "", v) for v in ("get", "create", "update", "delete")}
     expected.add(("events", "", "create"))
     if peering_plural:
         expected |= {(f"{peering_plural}.kopf.dev", "", v) for v in ("list", "watch")}
-        expected.add((f"{peering_plural}.kopf.dev", PEERING, "patch"))
+        expected |= {(f"{peering_plural}.kopf.dev", PEERING, v) for v in ("get", "patch")}
     return expected
 
 
@@ -331,7 +330,6 @@ def test_cluster_wide_token_cannot_do_anything_else(kube, cluster_wide, namespac
         ("list", "secrets", *ns),
         ("watch", "secrets", *ns),
         ("patch", "secrets", *ns),
-        ("get", f"s3buckets.{GROUP}", *ns),
         ("create", f"s3buckets.{GROUP}", *ns),
         ("update", f"s3buckets.{GROUP}", *ns),
         ("delete", f"queues.{GROUP}", *ns),

@@ -195,14 +195,17 @@ def test_exact_rules(helm, replicas):
         for verb in rule["verbs"]
     }
     crs = ("databaseinstances", "s3buckets", "queues")
-    expected = {("cloud.provisioner.dev", cr, v) for cr in crs for v in ("list", "watch", "patch")}
-    expected |= {("cloud.provisioner.dev", "queues", "get")}
+    expected = {
+        ("cloud.provisioner.dev", cr, v) for cr in crs for v in ("get", "list", "watch", "patch")
+    }
     expected |= {("cloud.provisioner.dev", f"{cr}/status", "patch") for cr in crs}
     expected |= {("cloud.provisioner.dev", f"{cr}/finalizers", "update") for cr in crs}
     expected |= {("", "secrets", v) for v in ("get", "create", "update", "delete")}
     expected |= {("", "events", "create")}
     if replicas > 1:
-        expected |= {("kopf.dev", "clusterkopfpeerings", v) for v in ("list", "watch", "patch")}
+        expected |= {
+            ("kopf.dev", "clusterkopfpeerings", v) for v in ("get", "list", "watch", "patch")
+        }
     assert grants == expected
 
 
@@ -225,7 +228,7 @@ def test_peering_comes_with_more_than_one_replica(helm):
             "apiGroups": ["kopf.dev"],
             "resources": ["clusterkopfpeerings"],
             "resourceNames": ["provisioner"],
-            "verbs": ["patch"],
+            "verbs": ["get", "patch"],
         },
     ]
     docs = render(helm, "watchNamespaces={team-a}")
@@ -238,7 +241,7 @@ def test_peering_comes_with_more_than_one_replica(helm):
             "apiGroups": ["kopf.dev"],
             "resources": ["kopfpeerings"],
             "resourceNames": ["provisioner"],
-            "verbs": ["patch"],
+            "verbs": ["get", "patch"],
         },
     ]
     single = render(helm, "replicas=1")

@@ -63,9 +63,10 @@ them, in the watched namespaces (all of them through a ClusterRole, or a Role in
 - apiGroups: [cloud.provisioner.dev]
   resources: [databaseinstances, s3buckets, queues]
   verbs: [list, watch, patch]
-# The operator reads the Queue named by a Queue's spec.deadLetter.queueRef.
+# The operator reads one resource by name: the Queue named by a Queue's
+# spec.deadLetter.queueRef, and each resource's current body at its periodic resync.
 - apiGroups: [cloud.provisioner.dev]
-  resources: [queues]
+  resources: [databaseinstances, s3buckets, queues]
   verbs: [get]
 # Conditions, observedGeneration and kopf's progress are written to the status subresource.
 - apiGroups: [cloud.provisioner.dev]
@@ -82,13 +83,14 @@ them, in the watched namespaces (all of them through a ClusterRole, or a Role in
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get, create, update, delete]
-# kopf posts core/v1 Events (kopf._core.engines.posting: Selector('v1', 'events')).
+# The operator posts core/v1 Events on its resources.
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
 {{- end }}
 
-{{/* kopf peering: keep-alives are merge-patches to one named object; the rest is watched. */}}
+{{/* kopf peering: keep-alives are merge-patches to one named object, which the resync loop
+also reads to stay quiet while a higher-priority replica is active; the rest is watched. */}}
 {{- define "provisioner.peeringRules" -}}
 {{- $plural := .plural }}
 - apiGroups: [kopf.dev]
@@ -97,5 +99,5 @@ them, in the watched namespaces (all of them through a ClusterRole, or a Role in
 - apiGroups: [kopf.dev]
   resources: [{{ $plural }}]
   resourceNames: [{{ .name | quote }}]
-  verbs: [patch]
+  verbs: [get, patch]
 {{- end }}
