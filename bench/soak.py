@@ -197,7 +197,8 @@ class Soak:
                 self.apply_invalid(kind, spec)
             if not restarted and b >= len(batches) // 2:
                 log("restarting kube-apiserver")
-                self.cp.restart_apiserver()
+                with self.lock:  # no operator restart may take the port while it is free
+                    self.cp.restart_apiserver()
                 restarted = True
                 self.figures["apiserver restarts"] += 1
 

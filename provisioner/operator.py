@@ -10,6 +10,7 @@ so a pass that finishes writes a single status patch and no annotations.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
@@ -21,7 +22,7 @@ from typing import Any
 import aiohttp
 import kopf
 
-from provisioner import FINALIZER, GROUP, VERSION, metrics
+from provisioner import API_VERSION, FINALIZER, GROUP, VERSION, metrics
 from provisioner import conditions as cond
 from provisioner.config import Settings
 from provisioner.kube import PLURALS, Kube
@@ -103,6 +104,28 @@ def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: Settings) -> 
         )
     else:
         kopf_settings.peering.standalone = True
+
+
+async def wait_for_api(reconciler: Reconciler) -> None:
+    """Block start-up until the API server serves our three kinds.
+
+    kopf resolves the resources it serves once, right after start-up (re-discovery would
+    need rights on every CRD). An operator that starts while the API server restarts, or
+    before the CRDs are established, would otherwise serve nothing until restarted.
+    """
+    delay = 0.5
+    while True:
+        try:
+            found = await reconciler.run(reconciler.kube.request, "GET", f"/apis/{API_VERSION}")
+            served = {r.get("name") for r in (found or {}).get("resources", [])}
+            missing = set(PLURALS.values()) - served
+            if not missing:
+                return
+            log.warning("waiting for the CRDs of %s to be served", ", ".join(sorted(missing)))
+        except Exception as exc:  # noqa: BLE001 - the API server is not answering yet
+            log.warning("waiting for the API server: %s", exc)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 5.0)
 
 
 def api_connection_limit(settings: Settings) -> int:
@@ -200,6 +223,7 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
 
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure_kopf(settings, reconciler.settings)
+        await wait_for_api(reconciler)
         chosen["priority"] = settings.peering.priority if reconciler.settings.peering else None
         scheduler.start()
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import boto3
 import kubernetes
 import pytest
+import yaml
 
 from provisioner.dev.binaries import ensure_binaries
 from provisioner.dev.controlplane import ControlPlane
@@ -131,15 +132,89 @@ def kube(cluster: Cluster) -> Cluster:
     return cluster
 
 
+SHIPPED_MANIFESTS = Path(__file__).resolve().parents[1] / "deploy/manifests/provisioner.yaml"
+# The session's operator skips `own-*` namespaces with a glob, and a glob needs kopf's
+# namespace observer: the one thing it is granted beyond the shipped ClusterRole.
+GLOB_RULES = [
+    {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
+    {
+        "apiGroups": ["apiextensions.k8s.io"],
+        "resources": ["customresourcedefinitions"],
+        "verbs": ["list", "watch"],
+    },
+]
+
+
+def service_account_kubeconfig(cluster: Cluster, name: str, rules: list[dict]) -> str:
+    """A kubeconfig for a new ServiceAccount holding exactly `rules`, cluster-wide."""
+    ns = "provisioner-test"
+    docs = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": ns}},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": name},
+            "rules": rules,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": name},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": name,
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}],
+        },
+    ]
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+    token = cluster.kubectl("create", "token", name, "-n", ns, "--duration=24h").stdout.strip()
+    cp = cluster.controlplane
+    path = cluster.dir / f"{name}.kubeconfig"
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {
+                        "name": "test",
+                        "cluster": {
+                            "server": cp.apiserver_url,
+                            "certificate-authority": str(cp.pki.ca_cert),
+                        },
+                    }
+                ],
+                "users": [{"name": name, "user": {"token": token}}],
+                "contexts": [{"name": "test", "context": {"cluster": "test", "user": name}}],
+                "current-context": "test",
+            }
+        )
+    )
+    return str(path)
+
+
+def shipped_cluster_role_rules() -> list[dict]:
+    for doc in yaml.safe_load_all(SHIPPED_MANIFESTS.read_text()):
+        if doc and doc.get("kind") == "ClusterRole":
+            return doc["rules"]
+    raise AssertionError(f"no ClusterRole in {SHIPPED_MANIFESTS}")
+
+
 @pytest.fixture(scope="session")
 def operator(cluster: Cluster) -> Iterator[OperatorProcess]:
-    """The operator under test, watching every namespace except `own-*`.
+    """The operator under test, authenticated as a ServiceAccount with the shipped RBAC.
 
-    Tests that need an operator of their own (crashes, faults, peering, RBAC) run it in
-    an `own-*` namespace, where this one never acts.
+    It watches every namespace except `own-*`: tests that need an operator of their own
+    (crashes, faults, peering, RBAC) run it in an `own-*` namespace, where this one never acts.
     """
+    kubeconfig = service_account_kubeconfig(
+        cluster, "provisioner-operator", shipped_cluster_role_rules() + GLOB_RULES
+    )
     op = OperatorProcess(
-        kubeconfig=cluster.kubeconfig,
+        kubeconfig=kubeconfig,
         endpoint_url=cluster.moto.url,
         log=cluster.dir / "operator.log",
         extra_args=[f"--resync-seconds={TEST_RESYNC_SECONDS}", "--namespace=!own-*"],
@@ -151,6 +226,12 @@ def operator(cluster: Cluster) -> Iterator[OperatorProcess]:
     finally:
         op.stop()
         _fail_on_secret_leak(cluster.dir / "operator.log")
+        forbidden = [
+            line
+            for line in op.log.read_text(errors="replace").splitlines()
+            if " 403 " in line or "Forbidden" in line
+        ]
+        assert not forbidden, f"the shipped RBAC refused the operator: {forbidden[:3]}"
 
 
 def _fail_on_secret_leak(log: Path) -> None:
