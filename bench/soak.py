@@ -36,6 +36,7 @@ from provisioner.dev.stack import (  # noqa: E402
     MotoServer,
     OperatorProcess,
     install_crds,
+    run_kubectl,
 )
 
 GROUP = "cloud.provisioner.dev"
@@ -93,14 +94,7 @@ class Soak:
         self, *args: str, input: str | None = None, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
         for attempt in range(30):
-            result = subprocess.run(
-                ["kubectl", f"--kubeconfig={self.cp.kubeconfig}", *args],
-                input=input,
-                capture_output=True,
-                text=True,
-                check=False,
-                timeout=120,
-            )
+            result = run_kubectl(self.cp.kubeconfig, *args, input=input)
             transient = (
                 "connection refused" in result.stderr or "ServiceUnavailable" in result.stderr
             )

@@ -18,6 +18,8 @@ NAMESPACE_TAG = "provisioner.dev/namespace"
 NAME_TAG = "provisioner.dev/name"
 CLUSTER_TAG = "provisioner.dev/cluster"
 OWNERSHIP_TAG_KEYS = (OWNER_UID_TAG, NAMESPACE_TAG, NAME_TAG, CLUSTER_TAG)
+# Resource.resolved key of a Queue's dead-letter target.
+DEAD_LETTER_ARN = "deadLetterArn"
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,20 @@ DEFAULT_DELETION_POLICY = {"DatabaseInstance": "Snapshot", "S3Bucket": "Delete",
 
 
 @dataclass(frozen=True)
+class Dependency:
+    """Another custom resource, in the same namespace, that must be Ready first.
+
+    The reconciler resolves it to that resource's ARN and hands the ARN to the cloud
+    client as `Resource.resolved[key]`.
+    """
+
+    key: str
+    kind: str
+    name: str
+    role: str  # how messages name it: "dead-letter Queue"
+
+
+@dataclass(frozen=True)
 class Resource:
     """One custom resource as the reconciler and the cloud clients see it."""
 
@@ -125,6 +141,8 @@ class Resource:
     secret_name: str = ""
     annotations: dict[str, str] = field(default_factory=dict)
     status: dict[str, Any] = field(default_factory=dict)
+    # ARNs of the dependencies, by Dependency.key, once the reconciler found them Ready.
+    resolved: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any], *, region: str, cluster_id: str) -> Resource:
@@ -147,6 +165,11 @@ class Resource:
             annotations=dict(meta.get("annotations") or {}),
             status=dict(body.get("status") or {}),
         )
+
+    @property
+    def dependencies(self) -> list[Dependency]:
+        ref = getattr(self.spec, "dead_letter_queue_ref", None)
+        return [Dependency(DEAD_LETTER_ARN, "Queue", ref, "dead-letter Queue")] if ref else []
 
     @property
     def ownership_tags(self) -> dict[str, str]:

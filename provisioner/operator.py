@@ -64,7 +64,9 @@ def _log_failure(future: Future[None]) -> None:
         log.warning("could not post an Event: %s", exc)
 
 
-def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: Settings) -> None:
+def configure_kopf(
+    kopf_settings: kopf.OperatorSettings, settings: Settings, priority: int | None
+) -> None:
     kopf_settings.persistence.finalizer = FINALIZER
     kopf_settings.persistence.progress_storage = kopf.StatusProgressStorage(
         field="status.kopf.progress"
@@ -72,8 +74,6 @@ def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: Settings) -> 
     kopf_settings.persistence.diffbase_storage = kopf.StatusDiffBaseStorage(
         field="status.kopf.lastHandledConfiguration"
     )
-    kopf_settings.posting.reporting_component = "provisioner"
-    kopf_settings.posting.level = logging.INFO
     # Cluster-wide or with exact namespace names nothing needs discovering at run time (and
     # no RBAC on namespaces or CRDs is needed); glob patterns need the namespace observer.
     kopf_settings.scanning.disabled = not any(
@@ -90,18 +90,13 @@ def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: Settings) -> 
     # queueing behind the idle workers of others.
     kopf_settings.batching.worker_limit = 2 * max(1, settings.workers)
     kopf_settings.batching.idle_timeout = 0.5
-    kopf_settings.background.cancellation_polling = 5
     if settings.peering:
         kopf_settings.peering.name = settings.peering
         kopf_settings.peering.standalone = False
         kopf_settings.peering.mandatory = True
         kopf_settings.peering.clusterwide = not settings.namespaces
         kopf_settings.peering.lifetime = settings.peering_lifetime
-        kopf_settings.peering.priority = (
-            settings.peering_priority
-            if settings.peering_priority is not None
-            else random.randint(1, 2**30)
-        )
+        kopf_settings.peering.priority = priority or 0
     else:
         kopf_settings.peering.standalone = True
 
@@ -202,60 +197,63 @@ def _measure(body: dict[str, Any], resource: Resource, result: Result, started: 
     )
 
 
-def _apply(
-    patch: kopf.Patch,
+def _report(
     reconciler: Reconciler,
     body: dict[str, Any],
-    result_and_resource: tuple[Result, Resource],
+    outcome: tuple[Result, Resource],
     started: float,
-) -> Result:
-    result, resource = result_and_resource
-    status = reconciler.status_patch(resource, result)
-    if status:
-        patch.setdefault("status", {}).update(status)
+) -> dict[str, Any]:
+    """Events and metrics of one pass; returns its status patch ({} when nothing changed)."""
+    result, resource = outcome
     reconciler.emit(body, resource, result)
     _measure(body, resource, result, started)
-    return result
+    return reconciler.status_patch(resource, result)
 
 
 def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: Settings) -> None:
-    chosen: dict[str, int | None] = {}
+    # Peers of equal priority all pause (kopf), so each replica draws its own once.
+    priority = None
+    if settings.peering:
+        priority = settings.peering_priority
+        if priority is None:
+            priority = random.randint(1, 2**30)
 
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-        configure_kopf(settings, reconciler.settings)
+        configure_kopf(settings, reconciler.settings, priority)
         await wait_for_api(reconciler)
-        chosen["priority"] = settings.peering.priority if reconciler.settings.peering else None
         scheduler.start()
 
-    kopf.on.startup(registry=registry)(startup)
+    async def cleanup(**_: Any) -> None:
+        await scheduler.stop()
 
     async def login(**kwargs: Any) -> kopf.AiohttpSession | None:
         return bounded_session(kopf.login_via_client(**kwargs), settings)
 
-    kopf.on.login(registry=registry)(login)
-
     async def on_change(body: Any, patch: kopf.Patch, retry: int, **_: Any) -> None:
         raw, started = plain(body), time.monotonic()
-        outcome = await reconciler.reconcile(raw, retry)
-        scheduler.track(outcome[1])
-        result = _apply(patch, reconciler, raw, outcome, started)
+        result, resource = outcome = await reconciler.reconcile(raw, retry)
+        scheduler.track(resource)
+        if status := _report(reconciler, raw, outcome, started):
+            patch.setdefault("status", {}).update(status)
         if result.requeue_after is not None:
             raise kopf.TemporaryError(result.retry_message, delay=result.requeue_after)
 
     async def on_delete(body: Any, patch: kopf.Patch, retry: int, **_: Any) -> None:
         raw, started = plain(body), time.monotonic()
-        outcome = await reconciler.finalize(raw, retry)
-        result = _apply(patch, reconciler, raw, outcome, started)
-        if result.released:
-            scheduler.untrack(outcome[1].uid)
+        result, resource = outcome = await reconciler.finalize(raw, retry)
+        if status := _report(reconciler, raw, outcome, started):
+            patch.setdefault("status", {}).update(status)
         if not result.released:
             raise kopf.TemporaryError(result.retry_message, delay=result.requeue_after or 5.0)
+        scheduler.untrack(resource.uid)
 
-    async def after_resync(raw: dict[str, Any], outcome: tuple[Result, Resource]) -> None:
-        result, resource = outcome
+    async def on_resync(raw: dict[str, Any]) -> None:
         started = time.monotonic()
-        status = reconciler.status_patch(resource, result)
-        if status:
+        outcome = await reconciler.resync(raw)
+        if outcome is None:
+            return
+        resource = outcome[1]
+        if status := _report(reconciler, raw, outcome, started):
             await reconciler.run(
                 reconciler.kube.patch_status,
                 resource.kind,
@@ -263,19 +261,15 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
                 resource.name,
                 status,
             )
-        reconciler.emit(raw, resource, result)
-        _measure(raw, resource, result, started)
 
-    scheduler = ResyncScheduler(reconciler, settings, after_resync, lambda: chosen.get("priority"))
+    scheduler = ResyncScheduler(reconciler, settings, on_resync, priority)
 
+    kopf.on.startup(registry=registry)(startup)
+    kopf.on.cleanup(registry=registry)(cleanup)
+    kopf.on.login(registry=registry)(login)
     for plural in PLURALS.values():
         kw: dict[str, Any] = {"registry": registry}
         kopf.on.resume(GROUP, VERSION, plural, id="reconcile", **kw)(on_change)
         kopf.on.create(GROUP, VERSION, plural, id="reconcile", **kw)(on_change)
         kopf.on.update(GROUP, VERSION, plural, id="reconcile", **kw)(on_change)
         kopf.on.delete(GROUP, VERSION, plural, id="finalize", **kw)(on_delete)
-
-    async def cleanup(**_: Any) -> None:
-        await scheduler.stop()
-
-    kopf.on.cleanup(registry=registry)(cleanup)

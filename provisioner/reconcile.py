@@ -12,11 +12,11 @@ the state changes, and a requeue delay when the pass must be repeated.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import dataclasses
 import logging
 import random
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -28,7 +28,7 @@ from provisioner.cloud.base import ExternalClient, Observation
 from provisioner.config import Settings
 from provisioner.crashpoints import crashpoint
 from provisioner.kube import Kube, KubeError
-from provisioner.models import Resource
+from provisioner.models import Dependency, Resource
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -75,23 +75,6 @@ class Result:
         return "requeued"
 
 
-@contextlib.asynccontextmanager
-async def _gated(reconciler: Reconciler, uid: str) -> AsyncIterator[None]:
-    """This resource's lock (one pass at a time), inside the process-wide gate."""
-    if reconciler._gate is None:  # created lazily: it must belong to the running loop
-        reconciler._gate = asyncio.Semaphore(max(1, reconciler.settings.workers))
-    async with reconciler._gate, reconciler.locks[uid]:
-        yield
-
-
-class Requeue(Exception):
-    """Raised by the reconciler to ask the framework to come back after `delay` seconds."""
-
-    def __init__(self, message: str, delay: float) -> None:
-        super().__init__(message)
-        self.delay = delay
-
-
 class Reconciler:
     def __init__(
         self,
@@ -108,16 +91,13 @@ class Reconciler:
         self.locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         # Passes in flight at once. A burst of 1,000 new resources then finishes in waves
         # (each one quickly) instead of all together at the end, holding far less memory.
-        self._gate: asyncio.Semaphore | None = None
+        self.gate = asyncio.Semaphore(max(1, settings.workers))
         # Master passwords of databases created by this process whose Secret is not
         # written yet. Lost on a crash, which is fine: a database found without its
         # Secret gets a new password (set in the cloud first, then written).
         self.pending_passwords: dict[str, str] = {}
 
     # -- helpers ------------------------------------------------------------------
-
-    def _lock(self, uid: str) -> contextlib.AbstractAsyncContextManager[None]:
-        return _gated(self, uid)
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
@@ -208,7 +188,7 @@ class Reconciler:
     async def reconcile(self, body: dict[str, Any], retry: int = 0) -> tuple[Result, Resource]:
         """A pass for a new generation, a resume, or an annotation change."""
         resource = self.resource(body)
-        async with self._lock(resource.uid):
+        async with self.gate, self.locks[resource.uid]:
             if resource.paused:
                 return self._paused(resource), resource
             requested = resource.reconcile_request_pending
@@ -229,7 +209,7 @@ class Reconciler:
         resource = self.resource(body)
         if resource.paused or not self.settled(resource):
             return None
-        async with self._lock(resource.uid):
+        async with self.gate, self.locks[resource.uid]:
             try:
                 result = await self._sync(resource, 0, resync=True)
             except Exception as exc:  # noqa: BLE001
@@ -254,7 +234,7 @@ class Reconciler:
 
     async def finalize(self, body: dict[str, Any], retry: int = 0) -> tuple[Result, Resource]:
         resource = self.resource(body)
-        async with self._lock(resource.uid):
+        async with self.gate, self.locks[resource.uid]:
             try:
                 result = await self._delete(resource, retry)
             except errors.NotSupportedError as exc:
@@ -273,23 +253,22 @@ class Reconciler:
     async def _sync(self, resource: Resource, retry: int, resync: bool = False) -> Result:
         client = self.clients[resource.kind]
         name = resource.external_name
-        extra: dict[str, Any] = {}
-        if resource.kind == "Queue":
-            extra["dead_letter_arn"] = None
-            if resource.spec.dead_letter_queue_ref:
-                target_arn = await self._dead_letter_target(resource)
-                if target_arn is None:
-                    return self._waiting_for_dead_letter(resource, retry)
-                extra["dead_letter_arn"] = target_arn
+        resolved: dict[str, str] = {}
+        for dependency in resource.dependencies:
+            arn = await self._ready_arn(resource.namespace, dependency)
+            if arn is None:
+                return self._waiting_for(dependency, retry)
+            resolved[dependency.key] = arn
+        resource = dataclasses.replace(resource, resolved=resolved)
 
         events: list[Event] = []
         conditions: list[cond.Condition] = []
-        obs = await self.run(client.observe, resource, **extra)
+        obs = await self.run(client.observe, resource)
         if obs.exists and not self._is_ours(resource, obs):
             return self._name_conflict(resource, obs)
 
         if not obs.exists:
-            if resource.status.get("externalName") != name:
+            if not client.tags_on_create and resource.status.get("externalName") != name:
                 # Recorded before the call: the proof that an untagged resource of this
                 # name is our own interrupted create (S3 tags only after CreateBucket).
                 await self.run(
@@ -307,22 +286,22 @@ class Reconciler:
                     )
                 )
             create_secrets: dict[str, str] = {}
-            if resource.kind == "DatabaseInstance":
+            if client.generates_password:
                 password = self.pending_passwords.setdefault(
                     resource.uid, secrets.generate_password()
                 )
                 create_secrets["password"] = password
             try:
-                await self.run(client.create, resource, create_secrets, **extra)
+                await self.run(client.create, resource, create_secrets)
             except errors.ConflictError:
                 # An earlier attempt may have succeeded with its answer lost on the way
                 # back: "already exists" is ours if the tags say so.
-                obs = await self.run(client.observe, resource, **extra)
+                obs = await self.run(client.observe, resource)
                 if not (obs.exists and self._is_ours(resource, obs)):
                     raise
             crashpoint("after-create")
             events.append(Event("Normal", "Created", f"created {resource.kind} {name}"))
-            obs = await self.run(client.observe, resource, **extra)
+            obs = await self.run(client.observe, resource)
             if not obs.exists:
                 return Result(
                     conditions=[
@@ -344,7 +323,7 @@ class Reconciler:
                         Event("Warning", "Drifted", f"not corrected (report only): {drift}")
                     )
             else:
-                await self.run(client.update, resource, obs, **extra)
+                await self.run(client.update, resource, obs)
                 if resync and not adopting:
                     conditions.append(
                         cond.Condition(cond.DRIFTED, False, cond.DRIFT_CORRECTED, drift)
@@ -353,7 +332,7 @@ class Reconciler:
                 else:
                     changed = ", ".join(d.field for d in obs.diffs)
                     events.append(Event("Normal", "Updated", f"updated {changed}"))
-                obs = await self.run(client.observe, resource, **extra)
+                obs = await self.run(client.observe, resource)
         elif resync and cond.is_true(resource.status, cond.DRIFTED):
             conditions.append(cond.Condition(cond.DRIFTED, False, cond.NO_DRIFT))
 
@@ -405,15 +384,15 @@ class Reconciler:
             events=events,
         )
 
-    def _waiting_for_dead_letter(self, resource: Resource, retry: int) -> Result:
-        ref = resource.spec.dead_letter_queue_ref
+    @staticmethod
+    def _waiting_for(dependency: Dependency, retry: int) -> Result:
         return Result(
             conditions=[
                 cond.Condition(
                     cond.READY,
                     False,
                     cond.WAITING_FOR_DEPENDENCY,
-                    f"waiting for dead-letter Queue {ref} to be Ready",
+                    f"waiting for {dependency.role} {dependency.name} to be Ready",
                 ),
                 cond.Condition(cond.SYNCED, True, cond.RECONCILE_SUCCESS),
             ],
@@ -434,7 +413,7 @@ class Reconciler:
         fields: dict[str, Any] = {}
         existing = await self.run(self.kube.get_secret, resource.namespace, resource.secret_name)
         data = dict(obs.connection)
-        if resource.kind == "DatabaseInstance":
+        if client.generates_password:
             owned = existing is not None and secrets.owned_by(existing, resource)
             current = secrets.decode(existing) if owned else {}
             password = current.get("password") or self.pending_passwords.get(resource.uid)
@@ -451,15 +430,7 @@ class Reconciler:
                     fields["lastPasswordRotation"] = resource.annotation(
                         annotations.ROTATE_PASSWORD_AT
                     )
-            data["password"] = password
-            data["uri"] = secrets.database_uri(
-                data["engine"],
-                data["username"],
-                password,
-                data["host"],
-                data["port"],
-                data["database"],
-            )
+            data = client.with_password(data, password)
         if secrets.needs_write(existing, resource, data):
             body = secrets.build(resource, data)
             if existing is None:
@@ -480,14 +451,13 @@ class Reconciler:
         self.pending_passwords.pop(resource.uid, None)
         return events, fields
 
-    async def _dead_letter_target(self, resource: Resource) -> str | None:
-        ref = resource.spec.dead_letter_queue_ref
-        target = await self.run(self.kube.get_resource, "Queue", resource.namespace, ref)
+    async def _ready_arn(self, namespace: str, dependency: Dependency) -> str | None:
+        """The dependency's ARN once it is Ready; None while it is not (or is going away)."""
+        target = await self.run(self.kube.get_resource, dependency.kind, namespace, dependency.name)
         if not target or target.get("metadata", {}).get("deletionTimestamp"):
             return None
         status = target.get("status") or {}
-        ready = cond.find(status.get("conditions"), cond.READY)
-        if not ready or ready.get("status") != "True" or not status.get("arn"):
+        if not cond.is_true(status, cond.READY) or not status.get("arn"):
             return None
         return str(status["arn"])
 
@@ -527,8 +497,7 @@ class Reconciler:
             )
             return done
         client = self.clients[resource.kind]
-        extra: dict[str, Any] = {"dead_letter_arn": None} if resource.kind == "Queue" else {}
-        obs = await self.run(client.observe, resource, **extra)
+        obs = await self.run(client.observe, resource)
         if obs.exists and not self._is_ours(resource, obs):
             await self._delete_secret(resource)
             done.events.append(
@@ -549,7 +518,7 @@ class Reconciler:
                     observed=False,
                     requeue_after=backoff(retry, WAIT_BASE, 15.0),
                 )
-            obs = await self.run(client.observe, resource, **extra)
+            obs = await self.run(client.observe, resource)
         if obs.exists:
             return Result(
                 conditions=[
@@ -594,6 +563,8 @@ class Reconciler:
                     ),
                     cond.Condition(cond.SYNCED, False, cond.INVALID_SPEC, message),
                 ],
+                # The name the cloud was asked for, so that kubectl shows what was refused.
+                fields={} if deleting else {"externalName": resource.external_name},
                 # During deletion there is no spec change to wait for: keep retrying slowly.
                 requeue_after=backoff(retry, cap=CREDENTIALS_RETRY_CAP) if deleting else None,
                 observed=not deleting,
@@ -606,23 +577,19 @@ class Reconciler:
                 ],
                 requeue_after=backoff(retry) if deleting else None,
             )
+        delay = backoff(retry)
         if isinstance(exc, secrets.SecretConflict):
             message = str(exc)
-            delay, cap = backoff(retry), RETRY_CAP
         elif isinstance(exc, errors.CredentialsError):
             message = str(exc)
-            delay, cap = backoff(retry, cap=CREDENTIALS_RETRY_CAP), CREDENTIALS_RETRY_CAP
+            delay = backoff(retry, cap=CREDENTIALS_RETRY_CAP)
         elif isinstance(exc, errors.CloudError):
             message = f"cloud call failed, will retry: {exc}"
-            delay, cap = backoff(retry), RETRY_CAP
         elif isinstance(exc, KubeError):
             message = f"Kubernetes API call failed, will retry: {exc}"
-            delay, cap = backoff(retry), RETRY_CAP
         else:
             log.exception("unexpected error reconciling %s %s", resource.kind, resource.ref)
             message = f"unexpected error, will retry: {type(exc).__name__}"
-            delay, cap = backoff(retry), RETRY_CAP
-        del cap
         conditions = [cond.Condition(cond.SYNCED, False, cond.RECONCILE_ERROR, message)]
         if deleting:
             conditions.insert(0, cond.Condition(cond.READY, False, cond.DELETING, message))

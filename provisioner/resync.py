@@ -32,12 +32,12 @@ class ResyncScheduler:
         self,
         reconciler: Reconciler,
         settings: Settings,
-        after: Callable[[dict[str, Any], Any], Awaitable[None]],
-        peering_priority: Callable[[], int | None],
+        resync: Callable[[dict[str, Any]], Awaitable[None]],
+        peering_priority: int | None,
     ) -> None:
         self.reconciler = reconciler
         self.settings = settings
-        self.after = after  # applies a resync's outcome (status patch, Events, metrics)
+        self.resync = resync  # one pass over a current body: Reconciler.resync, reported
         self.peering_priority = peering_priority
         self.due: dict[str, tuple[float, str, str, str]] = {}
         self._peering_cache: dict[str, tuple[float, bool]] = {}
@@ -98,15 +98,13 @@ class ResyncScheduler:
             if body["metadata"].get("deletionTimestamp"):
                 return
             body.setdefault("kind", kind)
-            outcome = await self.reconciler.resync(body)
-            if outcome is not None:
-                await self.after(body, outcome)
+            await self.resync(body)
         except Exception:  # the next period tries again
             log.exception("resync of %s %s/%s failed", kind, namespace, name)
 
     async def _paused(self, namespace: str) -> bool:
         """Whether a live peer with a higher priority holds this namespace (or the cluster)."""
-        mine = self.peering_priority()
+        mine = self.peering_priority
         if not self.settings.peering or mine is None:
             return False
         clusterwide = not self.settings.namespaces

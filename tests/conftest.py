@@ -18,13 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import boto3
-import kubernetes
 import pytest
 import yaml
 
 from provisioner.dev.binaries import ensure_binaries
-from provisioner.dev.controlplane import ControlPlane
-from provisioner.dev.stack import MotoServer, OperatorProcess, aws_env, install_crds
+from provisioner.dev.controlplane import ControlPlane, write_kubeconfig
+from provisioner.dev.stack import MotoServer, OperatorProcess, aws_env, install_crds, run_kubectl
 
 # Short enough that drift, deleted Secrets and vanished resources are seen within a test.
 TEST_RESYNC_SECONDS = 4
@@ -48,37 +47,34 @@ class Cluster:
     def kubectl(
         self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60
     ) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(
-            ["kubectl", f"--kubeconfig={self.kubeconfig}", *args],
-            input=input,
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=timeout,
-        )
+        result = run_kubectl(self.kubeconfig, *args, input=input, timeout=timeout)
         if check and result.returncode != 0:
             raise AssertionError(
                 f"kubectl {' '.join(args)} failed ({result.returncode}): {result.stderr.strip()}"
             )
         return result
 
-    def kubectl_as(self, token: str, *args: str) -> subprocess.CompletedProcess[str]:
+    def kubectl_as(
+        self, token: str, *args: str, input: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
         """kubectl with only a bearer token: no client certificate to fall back on."""
         cp = self.controlplane
-        return subprocess.run(
-            [
-                "kubectl",
-                "--kubeconfig=/dev/null",
-                f"--server={cp.apiserver_url}",
-                f"--certificate-authority={cp.pki.ca_cert}",
-                f"--token={token}",
-                *args,
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
+        return run_kubectl(
+            "/dev/null",
+            f"--server={cp.apiserver_url}",
+            f"--certificate-authority={cp.pki.ca_cert}",
+            f"--token={token}",
+            *args,
+            input=input,
             timeout=60,
         )
+
+    def token_kubeconfig(
+        self, user: str, token: str, path: Path, namespace: str | None = None
+    ) -> Path:
+        cp = self.controlplane
+        write_kubeconfig(path, cp.apiserver_url, cp.pki, user, token=token, namespace=namespace)
+        return path
 
     def cloud_requests(self, needle: str) -> list[str]:
         """Every request moto received so far that mentions `needle` (a cloud name)."""
@@ -95,11 +91,6 @@ class Cluster:
             if needle in text:
                 found.append(text)
         return found
-
-    def api_client(self) -> kubernetes.client.ApiClient:
-        config = kubernetes.client.Configuration()
-        kubernetes.config.load_kube_config(self.kubeconfig, client_configuration=config)
-        return kubernetes.client.ApiClient(config)
 
 
 @pytest.fixture(scope="session")
@@ -171,29 +162,7 @@ def service_account_kubeconfig(cluster: Cluster, name: str, rules: list[dict]) -
     ]
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
     token = cluster.kubectl("create", "token", name, "-n", ns, "--duration=24h").stdout.strip()
-    cp = cluster.controlplane
-    path = cluster.dir / f"{name}.kubeconfig"
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [
-                    {
-                        "name": "test",
-                        "cluster": {
-                            "server": cp.apiserver_url,
-                            "certificate-authority": str(cp.pki.ca_cert),
-                        },
-                    }
-                ],
-                "users": [{"name": name, "user": {"token": token}}],
-                "contexts": [{"name": "test", "context": {"cluster": "test", "user": name}}],
-                "current-context": "test",
-            }
-        )
-    )
-    return str(path)
+    return str(cluster.token_kubeconfig(name, token, cluster.dir / f"{name}.kubeconfig"))
 
 
 def shipped_cluster_role_rules() -> list[dict]:
@@ -244,12 +213,17 @@ def _fail_on_secret_leak(log: Path) -> None:
     assert "MasterUserPassword" not in text, "the operator logged a master password parameter"
 
 
-@pytest.fixture
-def namespace(cluster: Cluster) -> Iterator[str]:
-    name = f"t-{uuid.uuid4().hex[:10]}"
+def fresh_namespace(cluster: Cluster, prefix: str) -> Iterator[str]:
+    """A namespace of the test's own, deleted (without waiting) when the test ends."""
+    name = f"{prefix}-{uuid.uuid4().hex[:10]}"
     cluster.kubectl("create", "namespace", name)
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def namespace(cluster: Cluster) -> Iterator[str]:
+    yield from fresh_namespace(cluster, "t")
 
 
 @pytest.fixture(scope="session")

@@ -50,15 +50,23 @@ def is_true(obj: dict[str, Any] | None, type_: str) -> bool:
     return bool(c and c.get("status") == "True")
 
 
-def wait_ready(kube, kind: str, namespace: str, name: str, timeout: float = 60) -> dict[str, Any]:
+def wait_ready(
+    kube, kind: str, namespace: str, name: str, timeout: float = 60, generation: int | None = None
+) -> dict[str, Any]:
+    """Ready and Synced for the current generation (and that is `generation`, when given)."""
+
     def probe() -> dict[str, Any] | None:
         obj = get(kube, kind, namespace, name)
         if obj and is_true(obj, "Ready") and is_true(obj, "Synced"):
-            if obj["status"].get("observedGeneration") == obj["metadata"]["generation"]:
+            observed = obj["status"].get("observedGeneration")
+            if observed == obj["metadata"]["generation"] and generation in (None, observed):
                 return obj
         return None
 
-    return wait_for(probe, timeout=timeout, what=f"{kind} {namespace}/{name} Ready")
+    what = f"{kind} {namespace}/{name} Ready" + (
+        f" at generation {generation}" if generation else ""
+    )
+    return wait_for(probe, timeout=timeout, what=what)
 
 
 def wait_condition(
@@ -146,3 +154,8 @@ def manifests(kind_specs: list[tuple[str, str, str]]) -> str:
         f"metadata:\n  name: {name}\nspec: {spec}\n"
         for kind, name, spec in kind_specs
     )
+
+
+def merge_patch(kube, kind: str, namespace: str, name: str, patch: str) -> None:
+    """`kubectl patch --type=merge`, as a user changes a field of a CR."""
+    kube.kubectl("patch", kind, name, "-n", namespace, "--type=merge", "-p", patch)

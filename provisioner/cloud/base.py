@@ -48,10 +48,6 @@ class Observation:
     # Free-form facts a client keeps between observe and update (raw attributes, tags).
     raw: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def up_to_date(self) -> bool:
-        return not self.diffs
-
     def owned_by(self, resource: Resource) -> bool:
         return self.owner_uid == resource.uid
 
@@ -60,6 +56,12 @@ class ExternalClient(Protocol):
     """One small client per kind; every method is synchronous and idempotent."""
 
     kind: str
+    # Whether create() tags in the same call. If not, the reconciler records the name in
+    # status before creating, so that an untagged resource of that name is known as ours.
+    tags_on_create: bool
+    # Kinds with a master password the operator generates (RDS) also implement
+    # set_password and with_password; for the others those are never called.
+    generates_password: bool
 
     def observe(self, resource: Resource) -> Observation:
         """Describe the cloud resource named `resource.external_name`.
@@ -87,6 +89,9 @@ class ExternalClient(Protocol):
 
     def set_password(self, resource: Resource, password: str) -> None:
         """Set a new master password (only kinds that have one)."""
+
+    def with_password(self, connection: dict[str, str], password: str) -> dict[str, str]:
+        """The connection Secret's values with the password (only kinds that have one)."""
 
 
 def owner_of(tags: dict[str, str]) -> str:

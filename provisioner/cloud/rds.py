@@ -9,6 +9,7 @@ from provisioner.cloud import errors, tag_changes, tag_diffs
 from provisioner.cloud.aws import Aws
 from provisioner.cloud.base import FieldDiff, Observation, owner_of
 from provisioner.models import Resource
+from provisioner.secrets import database_uri
 
 # Mutable spec fields: (contract field, spec attribute, DescribeDBInstances key).
 # A spec value of None means "whatever the cloud chose".
@@ -33,6 +34,8 @@ USABLE_STATES = set(
 
 class RdsClient:
     kind = "DatabaseInstance"
+    tags_on_create = True  # CreateDBInstance takes Tags
+    generates_password = True
 
     def __init__(self, aws: Aws) -> None:
         self.aws = aws
@@ -149,6 +152,18 @@ class RdsClient:
             )
         except errors.NotFoundError:
             return
+
+    def with_password(self, connection: dict[str, str], password: str) -> dict[str, str]:
+        """The connection Secret's values: the cloud's details plus password and URI."""
+        uri = database_uri(
+            connection["engine"],
+            connection["username"],
+            password,
+            connection["host"],
+            connection["port"],
+            connection["database"],
+        )
+        return {**connection, "password": password, "uri": uri}
 
     def set_password(self, resource: Resource, password: str) -> None:
         self.aws.call(

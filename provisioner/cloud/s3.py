@@ -57,9 +57,14 @@ FIELDS: dict[str, tuple[str, Setter]] = {
     "spec.lifecycle.expireAfterDays": ("expire_after_days", _lifecycle),
 }
 
+# What a bucket has right after CreateBucket, for the fields where that is certain.
+FRESH_BUCKET: dict[str, Any] = {"spec.versioning": False, "spec.lifecycle.expireAfterDays": None}
+
 
 class S3Client:
     kind = "S3Bucket"
+    tags_on_create = False  # CreateBucket takes none: tagged right after
+    generates_password = False
 
     def __init__(self, aws: Aws) -> None:
         self.aws = aws
@@ -118,10 +123,15 @@ class S3Client:
                 f"bucket {name} already exists and is not owned by {resource.ref}",
                 "BucketAlreadyExists",
             )
-        # CreateBucket takes no tags: tag right away, then configure.
+        # CreateBucket takes no tags: tag right away, then configure. A new bucket has
+        # neither versioning nor lifecycle rules; encryption and the public access block
+        # are set whatever the spec says (AWS and the emulators default them differently).
+        # No read-back: the reconciler observes the bucket right after this.
         self._put_tags(s3, resource)
-        for diff in _diffs(resource, self._config(s3, name), resource.desired_tags):
-            self._apply(s3, resource, diff)
+        for field, (attr, _) in FIELDS.items():
+            desired = getattr(resource.spec, attr)
+            if field not in FRESH_BUCKET or FRESH_BUCKET[field] != desired:
+                self._set(s3, resource, field, desired)
 
     def update(self, resource: Resource, observation: Observation) -> None:
         s3 = self._s3(resource)
@@ -182,9 +192,16 @@ class S3Client:
     def _apply(self, s3: Any, resource: Resource, diff: FieldDiff) -> None:
         if diff.field == "tags":
             self._put_tags(s3, resource)
-            return
-        operation, kwargs = FIELDS[diff.field][1](diff.desired)
-        self.aws.call(getattr(s3, operation), Bucket=resource.external_name, **kwargs)
+        else:
+            self._set(s3, resource, diff.field, diff.desired)
+
+    def _set(self, s3: Any, resource: Resource, field: str, desired: Any) -> None:
+        operation, kwargs = FIELDS[field][1](desired)
+        try:
+            self.aws.call(getattr(s3, operation), Bucket=resource.external_name, **kwargs)
+        except errors.NotFoundError:
+            if not operation.startswith("delete_"):
+                raise  # deleting what is not there is done
 
     def _versions(self, s3: Any, name: str, limit: int) -> list[dict[str, str]]:
         """Up to `limit` object versions and delete markers (the first page, no markers)."""

@@ -1,7 +1,7 @@
 """Queue: one SQS queue named `resource.external_name`.
 
 The reconciler resolves `spec.deadLetter.queueRef` to the target queue's ARN and passes it
-as `dead_letter_arn` (None: no redrive policy wanted).
+in `resource.resolved` (absent: no redrive policy wanted).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 from provisioner.cloud import errors, tag_changes, tag_diffs
 from provisioner.cloud.aws import Aws
 from provisioner.cloud.base import FieldDiff, Observation, owner_of
-from provisioner.models import Resource
+from provisioner.models import DEAD_LETTER_ARN, Resource
 
 # Mutable spec fields: (contract field, spec attribute, queue attribute).
 ATTRIBUTES = (
@@ -25,6 +25,8 @@ REDRIVE_FIELD = "spec.deadLetter"
 
 class SqsClient:
     kind = "Queue"
+    tags_on_create = True  # CreateQueue takes tags
+    generates_password = False
 
     def __init__(self, aws: Aws) -> None:
         self.aws = aws
@@ -32,7 +34,7 @@ class SqsClient:
     def _sqs(self, resource: Resource) -> Any:
         return self.aws.client("sqs", resource.region)
 
-    def observe(self, resource: Resource, dead_letter_arn: str | None = None) -> Observation:
+    def observe(self, resource: Resource) -> Observation:
         sqs, name = self._sqs(resource), resource.external_name
         try:
             url = self.aws.call(sqs.get_queue_url, QueueName=name)["QueueUrl"]
@@ -47,7 +49,7 @@ class SqsClient:
             owner_uid=owner_of(tags),
             state="available",
             arn=arn,
-            diffs=_diffs(resource, attributes, tags, dead_letter_arn),
+            diffs=_diffs(resource, attributes, tags),
             connection={
                 "queueUrl": url,
                 "queueArn": arn,
@@ -58,15 +60,13 @@ class SqsClient:
             raw={"url": url, "attributes": attributes, "tags": tags},
         )
 
-    def create(
-        self, resource: Resource, secrets: dict[str, str], dead_letter_arn: str | None = None
-    ) -> None:
+    def create(self, resource: Resource, secrets: dict[str, str]) -> None:
         spec, sqs = resource.spec, self._sqs(resource)
         attributes = {key: str(getattr(spec, attr)) for _, attr, key in ATTRIBUTES}
         if spec.fifo:
             attributes["FifoQueue"] = "true"
-        if dead_letter_arn:
-            attributes["RedrivePolicy"] = json.dumps(_redrive(resource, dead_letter_arn))
+        if redrive := _redrive(resource):
+            attributes["RedrivePolicy"] = json.dumps(redrive)
         url = self.aws.call(
             sqs.create_queue,
             QueueName=resource.external_name,
@@ -81,13 +81,9 @@ class SqsClient:
                 "QueueNameExists",
             )
 
-    def update(
-        self, resource: Resource, observation: Observation, dead_letter_arn: str | None = None
-    ) -> None:
+    def update(self, resource: Resource, observation: Observation) -> None:
         sqs, raw = self._sqs(resource), observation.raw
-        changes = {
-            d.field: d for d in _diffs(resource, raw["attributes"], raw["tags"], dead_letter_arn)
-        }
+        changes = {d.field: d for d in _diffs(resource, raw["attributes"], raw["tags"])}
         tags = changes.pop("tags", None)
         key_of = {field: key for field, _, key in ATTRIBUTES}
         attributes = {key_of[f]: str(d.desired) for f, d in changes.items() if f in key_of}
@@ -118,11 +114,12 @@ class SqsClient:
         raise NotImplementedError("an SQS queue has no password")
 
 
-def _redrive(resource: Resource, dead_letter_arn: str) -> dict[str, Any]:
-    return {
-        "deadLetterTargetArn": dead_letter_arn,
-        "maxReceiveCount": resource.spec.max_receive_count,
-    }
+def _redrive(resource: Resource) -> dict[str, Any] | None:
+    """The redrive policy the spec asks for, once its dead-letter target is resolved."""
+    target = resource.resolved.get(DEAD_LETTER_ARN)
+    if not target:
+        return None
+    return {"deadLetterTargetArn": target, "maxReceiveCount": resource.spec.max_receive_count}
 
 
 def _parse_redrive(policy: str | None) -> dict[str, Any] | None:
@@ -135,19 +132,14 @@ def _parse_redrive(policy: str | None) -> dict[str, Any] | None:
     }
 
 
-def _diffs(
-    resource: Resource,
-    attributes: dict[str, str],
-    tags: dict[str, str],
-    dead_letter_arn: str | None,
-) -> list[FieldDiff]:
+def _diffs(resource: Resource, attributes: dict[str, str], tags: dict[str, str]) -> list[FieldDiff]:
     diffs = []
     for field, attr, key in ATTRIBUTES:
         desired, observed = getattr(resource.spec, attr), attributes.get(key)
         observed = int(observed) if observed is not None else None
         if observed != desired:
             diffs.append(FieldDiff(field, observed, desired))
-    desired_redrive = _redrive(resource, dead_letter_arn) if dead_letter_arn else None
+    desired_redrive = _redrive(resource)
     observed_redrive = _parse_redrive(attributes.get("RedrivePolicy"))
     if observed_redrive != desired_redrive:
         diffs.append(FieldDiff(REDRIVE_FIELD, observed_redrive, desired_redrive))

@@ -7,7 +7,6 @@ ports are picked at start so that two copies can run side by side.
 from __future__ import annotations
 
 import base64
-import json
 import ssl
 import subprocess
 import urllib.request
@@ -45,10 +44,28 @@ def _get(url: str, ctx: ssl.SSLContext | None = None, timeout: float = 2.0) -> t
         return resp.status, resp.read().decode(errors="replace")
 
 
-def write_kubeconfig(path: Path, server: str, p: pki_mod.Pki, user: str = "admin") -> None:
+def write_kubeconfig(
+    path: Path,
+    server: str,
+    p: pki_mod.Pki,
+    user: str = "admin",
+    *,
+    token: str | None = None,
+    namespace: str | None = None,
+) -> None:
+    """A kubeconfig for `user`: its client certificate, or a bearer token when given."""
+
     def b64(file: Path) -> str:
         return base64.b64encode(file.read_bytes()).decode()
 
+    credentials = (
+        {"token": token}
+        if token
+        else {"client-certificate-data": b64(p.cert(user)), "client-key-data": b64(p.key(user))}
+    )
+    context = {"cluster": CONTEXT, "user": user}
+    if namespace:
+        context["namespace"] = namespace
     config = {
         "apiVersion": "v1",
         "kind": "Config",
@@ -58,16 +75,8 @@ def write_kubeconfig(path: Path, server: str, p: pki_mod.Pki, user: str = "admin
                 "cluster": {"server": server, "certificate-authority-data": b64(p.ca_cert)},
             }
         ],
-        "users": [
-            {
-                "name": user,
-                "user": {
-                    "client-certificate-data": b64(p.cert(user)),
-                    "client-key-data": b64(p.key(user)),
-                },
-            }
-        ],
-        "contexts": [{"name": CONTEXT, "context": {"cluster": CONTEXT, "user": user}}],
+        "users": [{"name": user, "user": credentials}],
+        "contexts": [{"name": CONTEXT, "context": context}],
         "current-context": CONTEXT,
     }
     path.write_text(yaml.safe_dump(config))
@@ -243,10 +252,6 @@ def healthy(state: ControlPlaneState) -> bool:
         return _get(f"{state.apiserver_url}/readyz", _ssl_context(p))[0] == 200
     except Exception:  # noqa: BLE001 - any failure means unhealthy
         return False
-
-
-def dump(state: ControlPlaneState) -> str:
-    return json.dumps(state.to_json())
 
 
 __all__ = ["ControlPlane", "ControlPlaneState", "StartError", "healthy", "write_kubeconfig"]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from provisioner.dev.binaries import cache_root
-from provisioner.dev.processes import free_port, spawn, stop, wait_until
+from provisioner.dev.processes import LoopbackService, free_port
 
 LOCALSTACK_VERSION = "4.7.0"
 PACKAGES = [
@@ -64,19 +64,12 @@ def _health(url: str) -> dict:
         return json.loads(resp.read())
 
 
-@dataclass
-class LocalStackServer:
-    """Same surface as MotoServer: url, start(), stop(); no request recording."""
+@dataclass(kw_only=True)
+class LocalStackServer(LoopbackService):
+    """Same surface as MotoServer (url, start, stop), without request recording."""
 
-    log: Path
     data_dir: Path
-    port: int = 0
-    proc: subprocess.Popen[bytes] | None = None
     record_to: Path | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 120.0) -> None:
         python = ensure_localstack()
@@ -96,16 +89,18 @@ class LocalStackServer:
             PERSISTENCE="0",
         )
         (self.data_dir / "tmp").mkdir(exist_ok=True)
-        self.proc = spawn([str(python), "-m", "localstack.runtime.main"], self.log, env=env)
 
         def ready() -> bool:
             services = _health(self.url).get("services", {})
             return all(services.get(s) in ("available", "running") for s in SERVICES)
 
-        wait_until(ready, timeout=timeout, what="LocalStack", proc=self.proc, log=self.log)
+        self.launch(
+            [str(python), "-m", "localstack.runtime.main"],
+            ready,
+            what="LocalStack",
+            timeout=timeout,
+            env=env,
+        )
 
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop(self.proc.pid, timeout=15)
-            self.proc.wait()
-            self.proc = None
+    def stop(self, kill: bool = False, timeout: float = 15.0) -> None:
+        super().stop(kill=kill, timeout=timeout)

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -21,12 +22,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def port_taken(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.settimeout(0.2)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def spawn(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -96,6 +91,41 @@ def wait_until(
         if time.monotonic() > deadline:
             raise StartError(f"{what} not ready after {timeout:.0f}s; {_tail(log)}")
         time.sleep(interval)
+
+
+@dataclass(kw_only=True)
+class LoopbackService:
+    """A child process serving HTTP on a loopback port: start it, wait until ready, stop it."""
+
+    log: Path
+    port: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def launch(
+        self,
+        args: list[str],
+        ready: Callable[[], bool],
+        *,
+        what: str,
+        timeout: float,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.proc = spawn(args, self.log, env=env)
+        wait_until(ready, timeout=timeout, what=what, proc=self.proc, log=self.log)
+
+    def stop(self, kill: bool = False, timeout: float = 10.0) -> None:
+        if self.proc is None:
+            return
+        if kill:
+            self.proc.kill()
+        else:
+            stop(self.proc.pid, timeout=timeout)
+        self.proc.wait()
+        self.proc = None
 
 
 def _tail(log: Path | None) -> str:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from provisioner.dev import binaries
 from provisioner.dev.controlplane import ControlPlane, ControlPlaneState, healthy
-from provisioner.dev.processes import alive, free_port, spawn, stop, wait_until
+from provisioner.dev.processes import LoopbackService, alive, free_port, stop
 
 REPO_ROOT = binaries.REPO_ROOT
 CRD_DIR = REPO_ROOT / "crds"
@@ -37,57 +37,32 @@ def _http_up(url: str) -> bool:
         return True
 
 
-@dataclass
-class MotoServer:
-    log: Path
-    port: int = 0
-    proc: subprocess.Popen[bytes] | None = None
+@dataclass(kw_only=True)
+class MotoServer(LoopbackService):
     # Where moto appends one JSON line per request (tests count cloud calls with it).
     record_to: Path | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 60.0) -> None:
         self.port = self.port or free_port()
         env = dict(os.environ, **DEV_CREDENTIALS, AWS_DEFAULT_REGION=DEV_REGION)
         if self.record_to is not None:
             env.update(MOTO_ENABLE_RECORDING="True", MOTO_RECORDER_FILEPATH=str(self.record_to))
-        self.proc = spawn(
+        self.launch(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-            self.log,
+            lambda: _http_up(f"{self.url}/moto-api/"),
+            what="moto server",
+            timeout=timeout,
             env=env,
         )
-        wait_until(
-            lambda: _http_up(f"{self.url}/moto-api/"),
-            timeout=timeout,
-            what="moto server",
-            proc=self.proc,
-            log=self.log,
-        )
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop(self.proc.pid)
-            self.proc.wait()
-            self.proc = None
 
 
-@dataclass
-class FaultProxy:
+@dataclass(kw_only=True)
+class FaultProxy(LoopbackService):
     """provisioner.dev.faultproxy as a child process in front of an upstream endpoint."""
 
     upstream: str
-    log: Path
     rate: float = 0.0
     seed: int | None = None
-    port: int = 0
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 30.0) -> None:
         self.port = self.port or free_port()
@@ -101,13 +76,11 @@ class FaultProxy:
         ]
         if self.seed is not None:
             args.append(f"--seed={self.seed}")
-        self.proc = spawn(args, self.log)
-        wait_until(
+        self.launch(
+            args,
             lambda: _http_up(f"{self.url}/__proxy__/stats"),
-            timeout=timeout,
             what="fault proxy",
-            proc=self.proc,
-            log=self.log,
+            timeout=timeout,
         )
 
     def _call(self, action: str, payload: dict | None = None) -> dict:
@@ -124,15 +97,6 @@ class FaultProxy:
     def configure(self, **settings: object) -> dict:
         return self._call("config", dict(settings))
 
-    def reset(self) -> None:
-        self._call("reset", {})
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop(self.proc.pid)
-            self.proc.wait()
-            self.proc = None
-
 
 def aws_env(endpoint_url: str) -> dict[str, str]:
     return {
@@ -143,14 +107,21 @@ def aws_env(endpoint_url: str) -> dict[str, str]:
     }
 
 
-def kubectl(kubeconfig: str | Path, *args: str, input: str | None = None) -> str:
-    result = subprocess.run(
+def run_kubectl(
+    kubeconfig: str | Path, *args: str, input: str | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         ["kubectl", f"--kubeconfig={kubeconfig}", *args],
         input=input,
         capture_output=True,
         text=True,
         check=False,
+        timeout=timeout,
     )
+
+
+def kubectl(kubeconfig: str | Path, *args: str, input: str | None = None) -> str:
+    result = run_kubectl(kubeconfig, *args, input=input)
     if result.returncode != 0:
         raise RuntimeError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
     return result.stdout
@@ -161,52 +132,40 @@ def install_crds(kubeconfig: str | Path) -> None:
     kubectl(kubeconfig, "wait", "--for=condition=Established", "--timeout=60s", "-f", str(CRD_DIR))
 
 
-@dataclass
-class OperatorProcess:
-    """The operator run as a child process, the way a Deployment would run it."""
+@dataclass(kw_only=True)
+class OperatorProcess(LoopbackService):
+    """The operator run as a child process, the way a Deployment would run it.
+
+    `port` is its liveness port, drawn anew at every start.
+    """
 
     kubeconfig: str
     endpoint_url: str
-    log: Path
     extra_args: list[str] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
-    proc: subprocess.Popen[bytes] | None = None
-    health_port: int = 0
 
     def start(self, timeout: float = 60.0) -> None:
-        self.health_port = free_port()
+        self.port = free_port()
         env = dict(os.environ, KUBECONFIG=self.kubeconfig, **aws_env(self.endpoint_url))
         env.update(self.extra_env)
         env.setdefault("PROVISIONER_CLUSTER_ID", "dev")
-        self.proc = spawn(
+        self.launch(
             [
                 sys.executable,
                 "-m",
                 "provisioner",
                 "run",
-                f"--liveness-port={self.health_port}",
+                f"--liveness-port={self.port}",
                 *self.extra_args,
             ],
-            self.log,
+            lambda: _http_up(f"{self.url}/healthz"),
+            what="operator",
+            timeout=timeout,
             env=env,
         )
-        wait_until(
-            lambda: _http_up(f"http://127.0.0.1:{self.health_port}/healthz"),
-            timeout=timeout,
-            what="operator",
-            proc=self.proc,
-            log=self.log,
-        )
 
-    def stop(self, kill: bool = False) -> None:
-        if self.proc is None:
-            return
-        if kill:
-            self.proc.kill()
-        else:
-            stop(self.proc.pid, timeout=15)
-        self.proc.wait()
-        self.proc = None
+    def stop(self, kill: bool = False, timeout: float = 15.0) -> None:
+        super().stop(kill=kill, timeout=timeout)
 
 
 class DevStack:

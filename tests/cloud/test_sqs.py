@@ -9,6 +9,7 @@ import pytest
 from provisioner.cloud import errors
 from provisioner.cloud.aws import CALLS
 from provisioner.cloud.sqs import SqsClient
+from provisioner.models import DEAD_LETTER_ARN
 
 pytestmark = pytest.mark.cloud
 
@@ -89,25 +90,27 @@ def test_dead_letter_redrive_set_changed_and_removed(sqs, make_resource):
         "Queue", {"deadLetter": {"queueRef": {"name": "dlq"}, "maxReceiveCount": 3}}
     )
 
-    sqs.create(res, {}, dead_letter_arn=dlq_arn)
-    assert sqs.observe(res, dead_letter_arn=dlq_arn).diffs == []
+    linked = replace(res, resolved={DEAD_LETTER_ARN: dlq_arn})
+    sqs.create(linked, {})
+    assert sqs.observe(linked).diffs == []
 
-    more = replace(res, spec=replace(res.spec, max_receive_count=7))
-    obs = sqs.observe(more, dead_letter_arn=dlq_arn)
+    more = replace(linked, spec=replace(res.spec, max_receive_count=7))
+    obs = sqs.observe(more)
     assert [
         (d.field, d.observed["maxReceiveCount"], d.desired["maxReceiveCount"]) for d in obs.diffs
     ] == [("spec.deadLetter", 3, 7)]
-    sqs.update(more, obs, dead_letter_arn=dlq_arn)
-    assert sqs.observe(more, dead_letter_arn=dlq_arn).diffs == []
-
-    obs = sqs.observe(more)  # no dead letter target wanted any more
-    assert [(d.field, d.desired) for d in obs.diffs] == [("spec.deadLetter", None)]
     sqs.update(more, obs)
-    obs = sqs.observe(more)
+    assert sqs.observe(more).diffs == []
+
+    unlinked = replace(more, resolved={})  # no dead letter target wanted any more
+    obs = sqs.observe(unlinked)
+    assert [(d.field, d.desired) for d in obs.diffs] == [("spec.deadLetter", None)]
+    sqs.update(unlinked, obs)
+    obs = sqs.observe(unlinked)
     assert obs.diffs == [] and "RedrivePolicy" not in obs.raw["attributes"]
 
-    sqs.update(more, obs, dead_letter_arn=dlq_arn)  # and set again on an existing queue
-    assert sqs.observe(more, dead_letter_arn=dlq_arn).diffs == []
+    sqs.update(more, obs)  # and set again on an existing queue
+    assert sqs.observe(more).diffs == []
 
 
 def test_foreign_queue_is_observed_not_owned(aws, sqs, make_resource):

@@ -8,15 +8,12 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from provisioner.dev.stack import FaultProxy, OperatorProcess
-from tests.conftest import TEST_RESYNC_SECONDS, Cluster
+from tests.conftest import TEST_RESYNC_SECONDS, Cluster, fresh_namespace
 
 
 @pytest.fixture
 def own_namespace(cluster: Cluster) -> Iterator[str]:
-    name = f"own-{uuid.uuid4().hex[:10]}"
-    cluster.kubectl("create", "namespace", name)
-    yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    yield from fresh_namespace(cluster, "own")
 
 
 StartOperator = Callable[..., OperatorProcess]

@@ -10,6 +10,7 @@ from tests.helpers import (
     condition,
     events,
     get,
+    merge_patch,
     secret_data,
     wait_condition,
     wait_for,
@@ -76,24 +77,14 @@ def test_bucket_lifecycle(kube, operator, aws, namespace):
     assert "photos" in table and bucket in table and "True" in table
 
     # Change mutable fields: the cloud follows, and so does observedGeneration.
-    kube.kubectl(
-        "patch",
+    merge_patch(
+        kube,
         "s3bucket",
-        "photos",
-        "-n",
         namespace,
-        "--type=merge",
-        "-p",
+        "photos",
         '{"spec":{"versioning":false,"tags":{"team":"video"},"lifecycle":{"expireAfterDays":30}}}',
     )
-    cr = wait_for(
-        lambda: (
-            (o := wait_ready(kube, "s3bucket", namespace, "photos"))
-            and o["status"]["observedGeneration"] == 2
-            and o
-        ),
-        what="generation 2 reconciled",
-    )
+    cr = wait_ready(kube, "s3bucket", namespace, "photos", generation=2)
     assert aws.s3.get_bucket_versioning(Bucket=bucket)["Status"] == "Suspended"
     assert tags_of(aws, bucket)["team"] == "video"
     lifecycle = aws.s3.get_bucket_lifecycle_configuration(Bucket=bucket)["Rules"]
@@ -114,16 +105,7 @@ def test_bucket_lifecycle(kube, operator, aws, namespace):
         what="a deletion message that says how to proceed",
     )
     assert bucket_exists(aws, bucket)
-    kube.kubectl(
-        "patch",
-        "s3bucket",
-        "photos",
-        "-n",
-        namespace,
-        "--type=merge",
-        "-p",
-        '{"spec":{"forceDestroy":true}}',
-    )
+    merge_patch(kube, "s3bucket", namespace, "photos", '{"spec":{"forceDestroy":true}}')
     wait_gone(kube, "s3bucket", namespace, "photos", timeout=60)
     assert not bucket_exists(aws, bucket)
     assert secret_data(kube, namespace, "photos-connection") is None

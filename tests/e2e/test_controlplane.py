@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 from provisioner.dev.binaries import KUBERNETES_VERSION
-from tests.helpers import wait_for
+from tests.helpers import apply, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -50,7 +50,7 @@ def test_cel_rule_rejects_a_bad_object_with_its_message(kube, namespace):
     widget = "apiVersion: test.provisioner.dev/v1\nkind: Widget\n"
     good = widget + "metadata: {name: ok}\nspec: {size: 3}\n"
     bad = widget + "metadata: {name: bad}\nspec: {size: 11}\n"
-    kube.kubectl("apply", "-n", namespace, "-f", "-", input=good)
+    apply(kube, namespace, good)
     refused = kube.kubectl("apply", "-n", namespace, "-f", "-", input=bad, check=False)
     assert refused.returncode != 0
     assert "spec.size must be at most 10" in refused.stderr
@@ -77,7 +77,7 @@ def test_owned_secret_is_garbage_collected_with_its_owner(kube, namespace):
         },
         "stringData": {"k": "v"},
     }
-    kube.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(secret))
+    apply(kube, namespace, json.dumps(secret))
     kube.kubectl("delete", "configmap", "owner", "-n", namespace)
     wait_for(
         lambda: (

@@ -7,9 +7,11 @@ import json
 import pytest
 
 from tests.helpers import (
+    apply,
     condition,
     get,
     manifests,
+    merge_patch,
     owned_cloud_resources,
     secret_data,
     wait_condition,
@@ -53,9 +55,9 @@ def test_killed_right_after_the_create_call_converges_to_exactly_one(
     """SIGKILL right after the cloud's create call returned, before any status or Secret."""
     doomed = start_operator(env={"PROVISIONER_CRASHPOINTS": "after-create"})
     ordered = sorted(ONE_OF_EACH, key=lambda spec: spec[0] != first)
-    kube.kubectl("apply", "-n", own_namespace, "-f", "-", input=manifests(ordered[:1]))
+    apply(kube, own_namespace, manifests(ordered[:1]))
     wait_killed(doomed)
-    kube.kubectl("apply", "-n", own_namespace, "-f", "-", input=manifests(ordered[1:]))
+    apply(kube, own_namespace, manifests(ordered[1:]))
     start_operator()
     assert_one_each(kube, aws, own_namespace)
 
@@ -66,7 +68,7 @@ def test_killed_between_password_and_secret_repairs_the_secret(
     from tests.e2e.test_day2 import last_password_sent
 
     first = start_operator()
-    kube.kubectl("apply", "-n", own_namespace, "-f", "-", input=manifests(ONE_OF_EACH[:1]))
+    apply(kube, own_namespace, manifests(ONE_OF_EACH[:1]))
     cr = wait_ready(kube, "dbi", own_namespace, "db")
     before = secret_data(kube, own_namespace, "db-connection")["password"]
     first.stop()
@@ -100,7 +102,7 @@ def test_killed_between_password_and_secret_repairs_the_secret(
 
 def test_killed_mid_deletion_finishes_and_leaves_nothing(kube, aws, own_namespace, start_operator):
     first = start_operator()
-    kube.kubectl("apply", "-n", own_namespace, "-f", "-", input=manifests(ONE_OF_EACH))
+    apply(kube, own_namespace, manifests(ONE_OF_EACH))
     uids = {
         name: wait_ready(kube, PLURAL[k], own_namespace, name)["metadata"]["uid"]
         for k, name, _ in ONE_OF_EACH
@@ -122,7 +124,7 @@ def test_converges_under_30_percent_cloud_faults(
     fault_proxy.configure(rate=0.3)
     start_operator(endpoint_url=fault_proxy.url)
     specs = [(kind, f"{name}-{i}", spec) for i in range(3) for kind, name, spec in ONE_OF_EACH]
-    kube.kubectl("apply", "-n", own_namespace, "-f", "-", input=manifests(specs))
+    apply(kube, own_namespace, manifests(specs))
     uids = {}
     for kind, name, _ in specs:
         cr = wait_ready(kube, PLURAL[kind], own_namespace, name, timeout=180)
@@ -153,14 +155,7 @@ def test_missing_credentials_say_so_and_retain_releases(kube, own_namespace, sta
             "AWS_EC2_METADATA_DISABLED": "true",
         }
     )
-    kube.kubectl(
-        "apply",
-        "-n",
-        own_namespace,
-        "-f",
-        "-",
-        input=manifests([("Queue", "nocreds", "{}")]),
-    )
+    apply(kube, own_namespace, manifests([("Queue", "nocreds", "{}")]))
     cr = wait_condition(
         kube, "queue", own_namespace, "nocreds", "Synced", "False", "ReconcileError"
     )
@@ -168,16 +163,7 @@ def test_missing_credentials_say_so_and_retain_releases(kube, own_namespace, sta
     # The documented way out when the account is gone for good: Retain, then delete.
     kube.kubectl("delete", "queue", "nocreds", "-n", own_namespace, "--wait=false")
     wait_condition(kube, "queue", own_namespace, "nocreds", "Ready", "False", "Deleting")
-    kube.kubectl(
-        "patch",
-        "queue",
-        "nocreds",
-        "-n",
-        own_namespace,
-        "--type=merge",
-        "-p",
-        '{"spec":{"deletionPolicy":"Retain"}}',
-    )
+    merge_patch(kube, "queue", own_namespace, "nocreds", '{"spec":{"deletionPolicy":"Retain"}}')
     wait_gone(kube, "queue", own_namespace, "nocreds", timeout=60)
 
 
@@ -185,9 +171,7 @@ def test_cloud_resource_already_gone_releases_the_finalizer(
     kube, aws, own_namespace, start_operator
 ):
     op = start_operator()
-    kube.kubectl(
-        "apply", "-n", own_namespace, "-f", "-", input=manifests([("Queue", "gone", "{}")])
-    )
+    apply(kube, own_namespace, manifests([("Queue", "gone", "{}")]))
     cr = wait_ready(kube, "queue", own_namespace, "gone")
     op.stop()
     aws.sqs.delete_queue(QueueUrl=cr["status"]["queueUrl"])
@@ -199,36 +183,16 @@ def test_cloud_resource_already_gone_releases_the_finalizer(
 
 def test_operator_survives_an_apiserver_restart(kube, aws, own_namespace, start_operator):
     op = start_operator()
-    kube.kubectl(
-        "apply", "-n", own_namespace, "-f", "-", input=manifests([("Queue", "before", "{}")])
-    )
+    apply(kube, own_namespace, manifests([("Queue", "before", "{}")]))
     wait_ready(kube, "queue", own_namespace, "before")
     pid = op.proc.pid
     kube.controlplane.restart_apiserver()
-    kube.kubectl(
-        "apply", "-n", own_namespace, "-f", "-", input=manifests([("Queue", "after", "{}")])
-    )
+    apply(kube, own_namespace, manifests([("Queue", "after", "{}")]))
     cr = wait_ready(kube, "queue", own_namespace, "after", timeout=120)
     assert op.proc.pid == pid and op.proc.poll() is None, "the operator restarted"
     assert len(owned_cloud_resources(aws, cr["metadata"]["uid"])) == 1
-    kube.kubectl(
-        "patch",
-        "queue",
-        "before",
-        "-n",
-        own_namespace,
-        "--type=merge",
-        "-p",
-        '{"spec":{"delaySeconds":3}}',
-    )
-    wait_for(
-        lambda: (
-            (o := get(kube, "queue", own_namespace, "before"))
-            and o["status"].get("observedGeneration") == 2
-        ),
-        timeout=60,
-        what="a change after the restart to be reconciled",
-    )
+    merge_patch(kube, "queue", own_namespace, "before", '{"spec":{"delaySeconds":3}}')
+    wait_ready(kube, "queue", own_namespace, "before", generation=2)
     attrs = aws.sqs.get_queue_attributes(
         QueueUrl=get(kube, "queue", own_namespace, "before")["status"]["queueUrl"],
         AttributeNames=["DelaySeconds"],

@@ -9,7 +9,7 @@ import pytest
 from tests.helpers import (
     apply,
     events,
-    get,
+    merge_patch,
     secret_data,
     wait_for,
     wait_gone,
@@ -73,25 +73,16 @@ def test_database_lifecycle(kube, operator, aws, namespace):
     assert tags["provisioner.dev/owner-uid"] == cr["metadata"]["uid"]
     assert tags["provisioner.dev/cluster"] == "test"
 
-    kube.kubectl(
-        "patch",
+    merge_patch(
+        kube,
         "dbi",
-        "orders",
-        "-n",
         namespace,
-        "--type=merge",
-        "-p",
+        "orders",
         '{"spec":{"instanceClass":"db.t3.small","allocatedStorageGiB":50,"backupRetentionDays":3}}',
     )
-    wait_for(
-        lambda: (
-            (o := get(kube, "dbi", namespace, "orders"))
-            and o["status"].get("observedGeneration") == 2
-            and describe(aws, identifier)["DBInstanceClass"] == "db.t3.small"
-        ),
-        what="the new instance class in the cloud",
-    )
+    wait_ready(kube, "dbi", namespace, "orders", generation=2)
     instance = describe(aws, identifier)
+    assert instance["DBInstanceClass"] == "db.t3.small"
     assert instance["AllocatedStorage"] == 50 and instance["BackupRetentionPeriod"] == 3
     assert secret_data(kube, namespace, "orders-connection")["password"] == password
 

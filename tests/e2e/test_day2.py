@@ -12,6 +12,7 @@ from tests.helpers import (
     condition,
     events,
     get,
+    merge_patch,
     secret_data,
     wait_condition,
     wait_for,
@@ -105,16 +106,7 @@ def test_paused_makes_no_cloud_calls_and_holds_deletion(kube, operator, aws, nam
     wait_condition(kube, "queue", namespace, "frozen", "Synced", "False", "Paused")
     calls = len(kube.cloud_requests(name))
     # Change the spec and delete the CR: still no cloud call while paused.
-    kube.kubectl(
-        "patch",
-        "queue",
-        "frozen",
-        "-n",
-        namespace,
-        "--type=merge",
-        "-p",
-        '{"spec":{"delaySeconds":7}}',
-    )
+    merge_patch(kube, "queue", namespace, "frozen", '{"spec":{"delaySeconds":7}}')
     kube.kubectl("delete", "queue", "frozen", "-n", namespace, "--wait=false")
     wait_condition(kube, "queue", namespace, "frozen", "Ready", "False", "Deleting")
     # Meanwhile a neighbour is resynced several times (proof that time passed).

@@ -164,32 +164,14 @@ def can(kube, release: Release, verb: str, resource: str, *scope: str) -> bool:
 
 
 def rules_of(kube, token: str, namespace: str) -> set[tuple[str, str, str]]:
-    """(resource, resourceName, verb) a token may use in `namespace`: a SelfSubjectRulesReview.
-    (kubectl_as takes no stdin, hence the same token-only kubectl call here.)"""
+    """(resource, resourceName, verb) a token may use in `namespace`: a SelfSubjectRulesReview."""
     review = {
         "apiVersion": "authorization.k8s.io/v1",
         "kind": "SelfSubjectRulesReview",
         "spec": {"namespace": namespace},
     }
-    out = subprocess.run(
-        [
-            "kubectl",
-            "--kubeconfig=/dev/null",
-            f"--server={kube.controlplane.apiserver_url}",
-            f"--certificate-authority={kube.controlplane.pki.ca_cert}",
-            f"--token={token}",
-            "create",
-            "--validate=false",
-            "-o",
-            "json",
-            "-f",
-            "-",
-        ],
-        input=json.dumps(review),
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
+    out = kube.kubectl_as(
+        token, "create", "--validate=false", "-o", "json", "-f", "-", input=json.dumps(review)
     )
     assert out.returncode == 0, f"SelfSubjectRulesReview failed: {out.stderr.strip()}"
     status = json.loads(out.stdout)["status"]
@@ -398,45 +380,20 @@ def test_namespaced_token_cannot_reach_outside_its_namespace(kube, namespaced, n
 # The operator itself, as the ServiceAccount -----------------------------------------------------
 
 
-def token_kubeconfig(kube, release: Release, path: Path) -> Path:
-    cp = kube.controlplane
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "test",
-                "cluster": {
-                    "server": cp.apiserver_url,
-                    "certificate-authority": str(cp.pki.ca_cert),
-                },
-            }
-        ],
-        "users": [{"name": release.service_account, "user": {"token": release.token}}],
-        "contexts": [
-            {
-                "name": "sa",
-                "context": {
-                    "cluster": "test",
-                    "user": release.service_account,
-                    "namespace": release.watched,
-                },
-            }
-        ],
-        "current-context": "sa",
-    }
-    path.write_text(yaml.safe_dump(config))
-    path.chmod(0o600)
-    return path
-
-
 def test_operator_runs_on_the_chart_permissions_alone(kube, aws, namespaced):
     own = namespaced.watched
     assert own is not None
     log = kube.dir / f"operator-{own}.log"
     identity = f"sa-operator-{own}"
     op = OperatorProcess(
-        kubeconfig=str(token_kubeconfig(kube, namespaced, kube.dir / f"{own}.kubeconfig")),
+        kubeconfig=str(
+            kube.token_kubeconfig(
+                namespaced.service_account,
+                namespaced.token,
+                kube.dir / f"{own}.kubeconfig",
+                namespace=namespaced.watched,
+            )
+        ),
         endpoint_url=kube.moto.url,
         log=log,
         # What the chart's Deployment passes with two replicas (namespaces, cluster id and

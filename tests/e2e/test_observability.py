@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 
 from provisioner.dev.processes import free_port
-from tests.helpers import manifests, wait_for, wait_gone, wait_ready
+from tests.helpers import apply, manifests, wait_for, wait_gone, wait_ready
 
 pytestmark = pytest.mark.e2e
 
@@ -41,13 +41,10 @@ def sample(samples: dict[str, float], name: str, **labels: str) -> float:
 def test_metrics_and_json_logs(kube, own_namespace, start_operator):
     port = free_port()
     op = start_operator(args=[f"--metrics-port={port}", "--log-format=json"])
-    kube.kubectl(
-        "apply",
-        "-n",
+    apply(
+        kube,
         own_namespace,
-        "-f",
-        "-",
-        input=manifests([("Queue", "metered", "{}"), ("S3Bucket", "metered-b", "{}")]),
+        manifests([("Queue", "metered", "{}"), ("S3Bucket", "metered-b", "{}")]),
     )
     cr = wait_ready(kube, "queue", own_namespace, "metered")
     wait_ready(kube, "s3bucket", own_namespace, "metered-b")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import manifests, owned_cloud_resources, wait_for, wait_ready
+from tests.helpers import apply, manifests, owned_cloud_resources, wait_for, wait_ready
 
 pytestmark = pytest.mark.e2e
 
@@ -27,13 +27,10 @@ def handled(log: Path) -> set[str]:
 def test_two_replicas_one_acts_and_the_other_takes_over(kube, aws, own_namespace, start_operator):
     kube.kubectl("apply", "-f", str(PEERING_CRDS))
     kube.kubectl("wait", "--for=condition=Established", "-f", str(PEERING_CRDS))
-    kube.kubectl(
-        "apply",
-        "-n",
+    apply(
+        kube,
         own_namespace,
-        "-f",
-        "-",
-        input="apiVersion: kopf.dev/v1\nkind: KopfPeering\nmetadata:\n  name: provisioner\n",
+        "apiVersion: kopf.dev/v1\nkind: KopfPeering\nmetadata:\n  name: provisioner\n",
     )
     peering = ["--peering=provisioner", f"--peering-lifetime={LIFETIME}"]
     active = start_operator(args=[*peering, "--peering-priority=200"])
@@ -45,7 +42,7 @@ def test_two_replicas_one_acts_and_the_other_takes_over(kube, aws, own_namespace
 
     wait_for(lambda: peers() == [100, 200], timeout=30, what="both replicas in the peering object")
     specs = [("Queue", f"q{i}", "{}") for i in range(3)]
-    kube.kubectl("apply", "-n", own_namespace, "-f", "-", input=manifests(specs))
+    apply(kube, own_namespace, manifests(specs))
     for _, name, _ in specs:
         wait_ready(kube, "queue", own_namespace, name)
     assert handled(active.log) == {f"{own_namespace}/q{i}" for i in range(3)}
@@ -53,7 +50,7 @@ def test_two_replicas_one_acts_and_the_other_takes_over(kube, aws, own_namespace
 
     active.stop(kill=True)
     later = [("Queue", f"later{i}", "{}") for i in range(2)]
-    kube.kubectl("apply", "-n", own_namespace, "-f", "-", input=manifests(later))
+    apply(kube, own_namespace, manifests(later))
     for _, name, _ in later:
         cr = wait_ready(kube, "queue", own_namespace, name, timeout=LIFETIME * 6)
         assert len(owned_cloud_resources(aws, cr["metadata"]["uid"])) == 1

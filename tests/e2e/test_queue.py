@@ -13,6 +13,7 @@ from tests.helpers import (
     condition,
     events,
     get,
+    merge_patch,
     secret_data,
     wait_condition,
     wait_for,
@@ -72,24 +73,14 @@ def test_queue_lifecycle(kube, operator, aws, namespace):
     tags = aws.sqs.list_queue_tags(QueueUrl=data["queueUrl"])["Tags"]
     assert tags["app"] == "web" and tags["provisioner.dev/owner-uid"] == cr["metadata"]["uid"]
 
-    kube.kubectl(
-        "patch",
+    merge_patch(
+        kube,
         "queue",
-        "jobs",
-        "-n",
         namespace,
-        "--type=merge",
-        "-p",
+        "jobs",
         '{"spec":{"visibilityTimeoutSeconds":120,"delaySeconds":5,"tags":{"app":"api"}}}',
     )
-    wait_for(
-        lambda: (
-            (o := get(kube, "queue", namespace, "jobs"))
-            and o["status"].get("observedGeneration") == 2
-            and condition(o, "Synced")["status"] == "True"
-        ),
-        what="generation 2 reconciled",
-    )
+    wait_ready(kube, "queue", namespace, "jobs", generation=2)
     attrs = attributes(aws, data["queueUrl"])
     assert attrs["VisibilityTimeout"] == "120" and attrs["DelaySeconds"] == "5"
     assert aws.sqs.list_queue_tags(QueueUrl=data["queueUrl"])["Tags"]["app"] == "api"
@@ -161,14 +152,11 @@ def test_cloud_refusal_is_invalid_spec_and_stops_calling(kube, operator, aws, na
     # Fixing the spec (a FIFO dead-letter queue) makes it proceed.
     apply(kube, namespace, queue_manifest("fifo-dlq", "{fifo: true}"))
     wait_ready(kube, "queue", namespace, "fifo-dlq")
-    kube.kubectl(
-        "patch",
+    merge_patch(
+        kube,
         "queue",
-        "fifo-main",
-        "-n",
         namespace,
-        "--type=merge",
-        "-p",
+        "fifo-main",
         '{"spec":{"deadLetter":{"queueRef":{"name":"fifo-dlq"}}}}',
     )
     wait_ready(kube, "queue", namespace, "fifo-main")
