@@ -54,9 +54,9 @@ import botocore.config
 import kubernetes
 import yaml
 
-from provisioner.dev.binaries import ensure_binaries
-from provisioner.dev.controlplane import ControlPlane
-from provisioner.dev.stack import (
+from provisioner_dev.binaries import ensure_binaries
+from provisioner_dev.controlplane import ControlPlane
+from provisioner_dev.stack import (
     DEV_CREDENTIALS,
     DEV_REGION,
     MotoServer,
@@ -1764,7 +1764,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"--keep: left running: {pids}; `source {env}`")
             ids = ", ".join(str(pid) for pid in reversed(pids.values()))
             log(
-                "stop with: .venv/bin/python -c 'from provisioner.dev.processes import stop; "
+                "stop with: .venv/bin/python -c 'from provisioner_dev.processes import stop; "
                 f"[stop(p) for p in ({ids})]'"
             )
         else:

@@ -28,9 +28,9 @@ import boto3
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from provisioner.dev.binaries import ensure_binaries  # noqa: E402
-from provisioner.dev.controlplane import ControlPlane  # noqa: E402
-from provisioner.dev.stack import (  # noqa: E402
+from provisioner_dev.binaries import ensure_binaries  # noqa: E402
+from provisioner_dev.controlplane import ControlPlane  # noqa: E402
+from provisioner_dev.stack import (  # noqa: E402
     DEV_REGION,
     FaultProxy,
     MotoServer,

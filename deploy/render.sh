@@ -14,7 +14,7 @@ cd "$root"
 helm=${HELM:-}
 if [ -z "$helm" ]; then
     python=${PYTHON:-"$root/.venv/bin/python"}
-    helm=$("$python" -c 'from provisioner.dev.binaries import ensure_helm; print(ensure_helm())')
+    helm=$("$python" -c 'from provisioner_dev.binaries import ensure_helm; print(ensure_helm())')
 fi
 out="$root/deploy/manifests/provisioner.yaml"
 mkdir -p "$(dirname "$out")"

@@ -1,15 +1,19 @@
-"""Command line: `provisioner run`, `provisioner dev up|status|down|build`."""
+"""Command line: `provisioner run`, `provisioner leaks`, and `provisioner dev ...`.
+
+The `dev` commands (a local control plane, moto and the operator) live in the separate
+`provisioner_dev` package, which is never part of the operator's image: they are looked up
+by name and offered only where that package is installed (a checkout with the dev extra).
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import ctypes
-import json
+import importlib
 import logging
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 from provisioner import config
 
@@ -101,74 +105,21 @@ def cmd_leaks(args: argparse.Namespace) -> int:
     return 1 if findings else 0
 
 
-def _dev_stack():
-    from provisioner.dev.stack import DevStack
-
-    return DevStack(Path.cwd() / ".dev")
+DEV_HARNESS = "provisioner_dev.cli"
 
 
-def cmd_dev_up(args: argparse.Namespace) -> int:
-    from provisioner.dev.binaries import BuildError
-    from provisioner.dev.processes import StartError
-
-    stack = _dev_stack()
+def _add_dev_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     try:
-        state = stack.up(with_operator=not args.no_operator)
-    except (BuildError, StartError, RuntimeError) as exc:
-        return _fail(str(exc))
-    print(f"control plane: {state['controlplane']['apiserver_url']}")
-    print(f"moto:          {state['moto_url']}")
-    print(f"kubeconfig:    {state['kubeconfig']}")
-    print("environment:   source .dev/env")
-    print(f"processes:     {', '.join(f'{k}={v}' for k, v in state['pids'].items())}")
-    return 0
-
-
-def cmd_dev_demo(args: argparse.Namespace) -> int:
-    from provisioner.dev import demo
-    from provisioner.dev.binaries import BuildError
-    from provisioner.dev.processes import StartError
-
-    try:
-        return demo.run(_dev_stack())
-    except (BuildError, StartError, RuntimeError) as exc:
-        return _fail(str(exc))
-
-
-def cmd_dev_status(args: argparse.Namespace) -> int:
-    from provisioner.dev.processes import alive
-
-    stack = _dev_stack()
-    state = stack.load()
-    if not state:
-        print("not running (no .dev/state.json)")
-        return 1
-    running = stack.running(state)
-    for name, pid in state["pids"].items():
-        print(f"{name:24} pid {pid:<8} {'running' if alive(pid) else 'DEAD'}")
-    print(
-        f"apiserver {state['controlplane']['apiserver_url']}: {'ready' if running else 'NOT READY'}"
-    )
-    if args.json:
-        print(json.dumps(state, indent=2))
-    return 0 if running else 1
-
-
-def cmd_dev_down(args: argparse.Namespace) -> int:
-    stopped = _dev_stack().down()
-    print("stopped" if stopped else "nothing was running")
-    return 0
-
-
-def cmd_dev_build(args: argparse.Namespace) -> int:
-    from provisioner.dev.binaries import BuildError, ensure_binaries
-
-    try:
-        for name, path in ensure_binaries().items():
-            print(f"{name}: {path}")
-    except BuildError as exc:
-        return _fail(str(exc))
-    return 0
+        harness = importlib.import_module(DEV_HARNESS)
+    except ModuleNotFoundError:
+        dev = sub.add_parser("dev", help="the local dev harness (not installed here)")
+        dev.set_defaults(
+            func=lambda _args: _fail(
+                "the dev harness is not installed: run `make up` from a checkout of the project"
+            )
+        )
+        return
+    harness.add_commands(sub)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -187,23 +138,7 @@ def parser() -> argparse.ArgumentParser:
     config.add_arguments(leaks)
     leaks.set_defaults(func=cmd_leaks)
 
-    dev = sub.add_parser("dev", help="a local control plane, moto and the operator")
-    dev_sub = dev.add_subparsers(dest="dev_command", required=True)
-    up = dev_sub.add_parser("up", help="start everything (idempotent)")
-    up.add_argument("--no-operator", action="store_true", help="do not start the operator")
-    up.set_defaults(func=cmd_dev_up)
-    dev_sub.add_parser("demo", help="up, apply examples/, show them Ready").set_defaults(
-        func=cmd_dev_demo
-    )
-    status = dev_sub.add_parser("status", help="show what runs")
-    status.add_argument("--json", action="store_true")
-    status.set_defaults(func=cmd_dev_status)
-    dev_sub.add_parser("down", help="stop everything and remove its data").set_defaults(
-        func=cmd_dev_down
-    )
-    dev_sub.add_parser(
-        "build", help="build or verify the cached control-plane binaries"
-    ).set_defaults(func=cmd_dev_build)
+    _add_dev_commands(sub)
     return p
 
 

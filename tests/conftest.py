@@ -21,9 +21,9 @@ import boto3
 import pytest
 import yaml
 
-from provisioner.dev.binaries import ensure_binaries
-from provisioner.dev.controlplane import ControlPlane, write_kubeconfig
-from provisioner.dev.stack import MotoServer, OperatorProcess, aws_env, install_crds, run_kubectl
+from provisioner_dev.binaries import ensure_binaries
+from provisioner_dev.controlplane import ControlPlane, write_kubeconfig
+from provisioner_dev.stack import MotoServer, OperatorProcess, aws_env, install_crds, run_kubectl
 
 # Short enough that drift, deleted Secrets and vanished resources are seen within a test.
 TEST_RESYNC_SECONDS = 4
@@ -99,7 +99,7 @@ def cluster() -> Iterator[Cluster]:
     workdir = Path(tempfile.mkdtemp(prefix="provisioner-test-"))
     cp = ControlPlane(workdir / "controlplane", binaries)
     if TEST_CLOUD == "localstack":
-        from provisioner.dev.localstack import LocalStackServer
+        from provisioner_dev.localstack import LocalStackServer
 
         moto = LocalStackServer(log=workdir / "localstack.log", data_dir=workdir / "localstack")
     else:

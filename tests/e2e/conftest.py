@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from provisioner.dev.stack import FaultProxy, OperatorProcess
+from provisioner_dev.stack import FaultProxy, OperatorProcess
 from tests.conftest import TEST_RESYNC_SECONDS, Cluster, fresh_namespace
 
 

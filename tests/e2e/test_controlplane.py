@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from provisioner.dev.binaries import KUBERNETES_VERSION
+from provisioner_dev.binaries import KUBERNETES_VERSION
 from tests.helpers import apply, wait_for
 
 pytestmark = pytest.mark.e2e

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.dev.processes import alive
+from provisioner_dev.processes import alive
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.e2e

@@ -32,8 +32,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from provisioner.dev.binaries import cached_helm, ensure_helm
-from provisioner.dev.stack import OperatorProcess
+from provisioner_dev.binaries import cached_helm, ensure_helm
+from provisioner_dev.stack import OperatorProcess
 from tests.helpers import apply, events, get, secret_data, wait_for, wait_gone, wait_ready
 
 # The first test builds helm when it is not cached yet (a few minutes on 2 cores): give that

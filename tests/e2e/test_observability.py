@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from provisioner.dev.processes import free_port
+from provisioner_dev.processes import free_port
 from tests.helpers import apply, manifests, wait_for, wait_gone, wait_ready
 
 pytestmark = pytest.mark.e2e

@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from provisioner.dev.binaries import Component, cached_binaries
+from provisioner_dev.binaries import Component, cached_binaries
 
 
 def component(tmp_path: Path, monkeypatch) -> Component:

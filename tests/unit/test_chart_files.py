@@ -2,7 +2,7 @@
 what the chart renders for the values that change its RBAC.
 
 The rendering tests need the helm binary; they use the cached one and are skipped when it has
-not been built (`python -c 'from provisioner.dev.binaries import ensure_helm; ensure_helm()'`,
+not been built (`python -c 'from provisioner_dev.binaries import ensure_helm; ensure_helm()'`,
 a few minutes once per machine; the e2e tests in tests/e2e/test_helm_rbac.py build it).
 """
 
@@ -17,7 +17,7 @@ import pytest
 import yaml
 from kopf._cogs.structs import references
 
-from provisioner.dev.binaries import cached_helm
+from provisioner_dev.binaries import cached_helm
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "provisioner"
@@ -81,7 +81,7 @@ def test_chart_and_app_versions():
 def helm() -> Path:
     path = cached_helm()
     if path is None:
-        pytest.skip("helm is not built (provisioner.dev.binaries.ensure_helm() builds it)")
+        pytest.skip("helm is not built (provisioner_dev.binaries.ensure_helm() builds it)")
     return path
 
 

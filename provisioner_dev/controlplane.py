@@ -15,8 +15,8 @@ from pathlib import Path
 
 import yaml
 
-from provisioner.dev import pki as pki_mod
-from provisioner.dev.processes import StartError, free_port, spawn, stop, wait_until
+from provisioner_dev import pki as pki_mod
+from provisioner_dev.processes import StartError, free_port, spawn, stop, wait_until
 
 CONTEXT = "provisioner-dev"
 

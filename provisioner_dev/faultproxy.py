@@ -5,7 +5,7 @@ proxy, at the configured rate, answers for the cloud with a throttling error, a 
 503, a slow response, or a dropped connection; everything else is forwarded to the
 upstream (moto's server). It counts every request by service, operation and outcome.
 
-    python -m provisioner.dev.faultproxy --upstream http://127.0.0.1:5000 --port 5001 --rate 0.3
+    python -m provisioner_dev.faultproxy --upstream http://127.0.0.1:5000 --port 5001 --rate 0.3
 
 Control, on the same port: GET /__proxy__/stats, POST /__proxy__/config {"rate": 0.1},
 POST /__proxy__/reset.
@@ -178,7 +178,7 @@ def make_app(state: ProxyState) -> web.Application:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="provisioner.dev.faultproxy")
+    parser = argparse.ArgumentParser(prog="provisioner_dev.faultproxy")
     parser.add_argument("--upstream", required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--rate", type=float, default=0.0)

@@ -16,8 +16,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from provisioner.dev.binaries import cache_root
-from provisioner.dev.processes import LoopbackService, free_port
+from provisioner_dev.binaries import cache_root
+from provisioner_dev.processes import LoopbackService, free_port
 
 LOCALSTACK_VERSION = "4.7.0"
 PACKAGES = [

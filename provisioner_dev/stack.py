@@ -19,9 +19,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from provisioner.dev import binaries
-from provisioner.dev.controlplane import ControlPlane, ControlPlaneState, healthy
-from provisioner.dev.processes import LoopbackService, alive, free_port, stop
+from provisioner_dev import binaries
+from provisioner_dev.controlplane import ControlPlane, ControlPlaneState, healthy
+from provisioner_dev.processes import LoopbackService, alive, free_port, stop
 
 REPO_ROOT = binaries.REPO_ROOT
 CRD_DIR = REPO_ROOT / "crds"
@@ -58,7 +58,7 @@ class MotoServer(LoopbackService):
 
 @dataclass(kw_only=True)
 class FaultProxy(LoopbackService):
-    """provisioner.dev.faultproxy as a child process in front of an upstream endpoint."""
+    """provisioner_dev.faultproxy as a child process in front of an upstream endpoint."""
 
     upstream: str
     rate: float = 0.0
@@ -69,7 +69,7 @@ class FaultProxy(LoopbackService):
         args = [
             sys.executable,
             "-m",
-            "provisioner.dev.faultproxy",
+            "provisioner_dev.faultproxy",
             f"--upstream={self.upstream}",
             f"--port={self.port}",
             f"--rate={self.rate}",

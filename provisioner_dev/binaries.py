@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 KUBERNETES_VERSION = "v1.37.2"
 ETCD_VERSION = "v3.6.16"
 HELM_VERSION = "v3.22.0"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 
-from provisioner.dev.stack import REPO_ROOT, DevStack, kubectl
+from provisioner_dev.stack import REPO_ROOT, DevStack, kubectl
 
 NAMESPACE = "demo"
 KINDS = "databaseinstances,s3buckets,queues"
