@@ -40,8 +40,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     _limit_malloc_arenas()
     import kopf
 
-    from provisioner.cloud import make_clients
-    from provisioner.cloud.aws import Aws, AwsSettings
+    from provisioner.cloud.aws import AwsSettings
+    from provisioner.kinds import make_aws, make_clients
     from provisioner.kube import Kube
     from provisioner.operator import event_poster, register
     from provisioner.reconcile import Reconciler
@@ -55,7 +55,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     for noisy in ("botocore", "boto3", "urllib3", "kubernetes"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    aws = Aws(AwsSettings(region=settings.region, endpoint_url=settings.endpoint_url))
+    aws = make_aws(AwsSettings(region=settings.region, endpoint_url=settings.endpoint_url))
     kube = Kube(pool_size=settings.workers + 4)
     events = ThreadPoolExecutor(max_workers=2, thread_name_prefix="events")
     reconciler = Reconciler(settings, kube, make_clients(aws), event_poster(kube, events))
@@ -88,16 +88,18 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_leaks(args: argparse.Namespace) -> int:
     from provisioner import leaks
-    from provisioner.cloud.aws import Aws, AwsSettings
+    from provisioner.cloud.aws import AwsSettings
     from provisioner.cloud.errors import CloudError
+    from provisioner.kinds import make_aws
     from provisioner.kube import Kube, KubeError
 
     settings = config.from_args(args)
     try:
         findings = leaks.find(
-            Aws(AwsSettings(region=settings.region, endpoint_url=settings.endpoint_url)),
+            make_aws(AwsSettings(region=settings.region, endpoint_url=settings.endpoint_url)),
             Kube(pool_size=4),
             settings.cluster_id,
+            settings.region,
         )
     except (CloudError, KubeError) as exc:
         return _fail(f"cannot list resources: {exc}")

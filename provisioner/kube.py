@@ -16,8 +16,7 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from provisioner import API_VERSION
-
-PLURALS = {"DatabaseInstance": "databaseinstances", "S3Bucket": "s3buckets", "Queue": "queues"}
+from provisioner.kinds import PLURALS
 
 
 class KubeError(RuntimeError):

@@ -15,19 +15,10 @@ from typing import Any
 from provisioner import API_VERSION
 from provisioner.cloud import errors
 from provisioner.cloud.aws import Aws, classify
-from provisioner.kube import PLURALS, Kube
-from provisioner.models import CLUSTER_TAG, NAME_TAG, NAMESPACE_TAG, OWNER_UID_TAG
-
-
-@dataclass(frozen=True)
-class CloudResource:
-    kind: str
-    name: str
-    tags: dict[str, str]
-
-    @property
-    def owner_uid(self) -> str:
-        return self.tags.get(OWNER_UID_TAG, "")
+from provisioner.cloud.base import OwnedResource
+from provisioner.kinds import KINDS, PLURALS
+from provisioner.kube import Kube
+from provisioner.models import CLUSTER_TAG, NAME_TAG, NAMESPACE_TAG
 
 
 @dataclass(frozen=True)
@@ -38,35 +29,17 @@ class Finding:
     detail: str
 
 
-def cloud_resources(aws: Aws, cluster_id: str) -> list[CloudResource]:
-    found: list[CloudResource] = []
-    s3 = aws.client("s3")
-    for bucket in aws.call(s3.list_buckets).get("Buckets", []):
-        try:
-            tagset = aws.call(s3.get_bucket_tagging, Bucket=bucket["Name"])["TagSet"]
-        except errors.NotFoundError:
-            continue
-        found.append(
-            CloudResource("S3Bucket", bucket["Name"], {t["Key"]: t["Value"] for t in tagset})
-        )
-    sqs = aws.client("sqs")
-    for page in aws.client("sqs").get_paginator("list_queues").paginate():
-        for url in page.get("QueueUrls", []):
+def cloud_resources(aws: Aws, cluster_id: str, regions: list[str]) -> list[OwnedResource]:
+    """Every resource of every kind, in each region, tagged with our cluster id."""
+    found: list[OwnedResource] = []
+    for region in regions:
+        for kind in KINDS:
             try:
-                tags = aws.call(sqs.list_queue_tags, QueueUrl=url).get("Tags", {})
-            except errors.NotFoundError:
-                continue
-            found.append(CloudResource("Queue", url.rsplit("/", 1)[-1], tags))
-    rds = aws.client("rds")
-    try:
-        for page in rds.get_paginator("describe_db_instances").paginate():
-            for db in page.get("DBInstances", []):
-                tags = {t["Key"]: t["Value"] for t in db.get("TagList", [])}
-                found.append(CloudResource("DatabaseInstance", db["DBInstanceIdentifier"], tags))
-    except Exception as exc:  # noqa: BLE001 - an endpoint without RDS has no databases to leak
-        classified = classify(exc)
-        if not isinstance(classified, errors.NotSupportedError):
-            raise classified from None
+                found.extend(kind.list_resources(aws, region))
+            except Exception as exc:  # noqa: BLE001 - an endpoint without the service has none
+                classified = classify(exc, aws.codes)
+                if not isinstance(classified, errors.NotSupportedError):
+                    raise classified from None
     return [r for r in found if r.tags.get(CLUSTER_TAG) == cluster_id]
 
 
@@ -80,9 +53,13 @@ def custom_resources(kube: Kube) -> list[dict[str, Any]]:
     return items
 
 
-def find(aws: Aws, kube: Kube, cluster_id: str) -> list[Finding]:
-    cloud = cloud_resources(aws, cluster_id)
+def find(aws: Aws, kube: Kube, cluster_id: str, region: str) -> list[Finding]:
     crs = custom_resources(kube)
+    # The operator's region and every region a CR names.
+    regions = sorted(
+        {region} | {str(cr["spec"]["region"]) for cr in crs if cr.get("spec", {}).get("region")}
+    )
+    cloud = cloud_resources(aws, cluster_id, regions)
     uids = {cr["metadata"]["uid"] for cr in crs}
     findings = [
         Finding(

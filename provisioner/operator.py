@@ -25,7 +25,8 @@ import kopf
 from provisioner import API_VERSION, FINALIZER, GROUP, VERSION, metrics
 from provisioner import conditions as cond
 from provisioner.config import Settings
-from provisioner.kube import PLURALS, Kube
+from provisioner.kinds import KINDS
+from provisioner.kube import Kube
 from provisioner.models import Resource
 from provisioner.reconcile import Event, Reconciler, Result
 from provisioner.resync import ResyncScheduler
@@ -102,7 +103,7 @@ def configure_kopf(
 
 
 async def wait_for_api(reconciler: Reconciler) -> None:
-    """Block start-up until the API server serves our three kinds.
+    """Block start-up until the API server serves every kind of ours.
 
     kopf resolves the resources it serves once, right after start-up (re-discovery would
     need rights on every CRD). An operator that starts while the API server restarts, or
@@ -111,9 +112,11 @@ async def wait_for_api(reconciler: Reconciler) -> None:
     delay = 0.5
     while True:
         try:
-            found = await reconciler.run(reconciler.kube.request, "GET", f"/apis/{API_VERSION}")
+            found = await reconciler.in_thread(
+                reconciler.kube.request, "GET", f"/apis/{API_VERSION}"
+            )
             served = {r.get("name") for r in (found or {}).get("resources", [])}
-            missing = set(PLURALS.values()) - served
+            missing = {k.plural for k in KINDS} - served
             if not missing:
                 return
             log.warning("waiting for the CRDs of %s to be served", ", ".join(sorted(missing)))
@@ -162,7 +165,7 @@ def bounded_session(
 
 def _outcome(result: Result) -> str:
     synced = next((c for c in result.conditions if c.type == cond.SYNCED), None)
-    if result.released:
+    if result.release_finalizer:
         return "deleted"
     if synced is not None and not synced.status:
         if synced.reason in (cond.INVALID_SPEC, cond.NAME_CONFLICT, cond.PAUSED):
@@ -177,7 +180,7 @@ def _measure(body: dict[str, Any], resource: Resource, result: Result, started: 
     metrics.RECONCILES.labels(kind, _outcome(result)).inc()
     metrics.DURATION.labels(kind).observe(time.monotonic() - started)
     meta = body.get("metadata", {})
-    if result.released:
+    if result.release_finalizer:
         elapsed = metrics.seconds_since(meta.get("deletionTimestamp"))
         if elapsed is not None:
             metrics.TIME_TO_DELETE.labels(kind).observe(elapsed)
@@ -229,9 +232,13 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
     async def login(**kwargs: Any) -> kopf.AiohttpSession | None:
         return bounded_session(kopf.login_via_client(**kwargs), settings)
 
-    async def on_change(body: Any, patch: kopf.Patch, retry: int, **_: Any) -> None:
+    async def on_change(body: Any, old: Any, patch: kopf.Patch, retry: int, **_: Any) -> None:
         raw, started = plain(body), time.monotonic()
-        result, resource = outcome = await reconciler.reconcile(raw, retry)
+        # kopf's `old` is the last successfully handled state (None for a new resource): the
+        # spec fields that differ from it are the user's requested changes; anything else
+        # the cloud differs in is drift.
+        last_spec = plain((old or {}).get("spec") or {}) if old is not None else None
+        result, resource = outcome = await reconciler.reconcile(raw, retry, last_spec)
         scheduler.track(resource)
         if status := _report(reconciler, raw, outcome, started):
             patch.setdefault("status", {}).update(status)
@@ -243,7 +250,7 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
         result, resource = outcome = await reconciler.finalize(raw, retry)
         if status := _report(reconciler, raw, outcome, started):
             patch.setdefault("status", {}).update(status)
-        if not result.released:
+        if not result.release_finalizer:
             raise kopf.TemporaryError(result.retry_message, delay=result.requeue_after or 5.0)
         scheduler.untrack(resource.uid)
 
@@ -254,7 +261,7 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
             return
         resource = outcome[1]
         if status := _report(reconciler, raw, outcome, started):
-            await reconciler.run(
+            await reconciler.in_thread(
                 reconciler.kube.patch_status,
                 resource.kind,
                 resource.namespace,
@@ -267,7 +274,8 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
     kopf.on.startup(registry=registry)(startup)
     kopf.on.cleanup(registry=registry)(cleanup)
     kopf.on.login(registry=registry)(login)
-    for plural in PLURALS.values():
+    for kind in KINDS:
+        plural = kind.plural
         kw: dict[str, Any] = {"registry": registry}
         kopf.on.resume(GROUP, VERSION, plural, id="reconcile", **kw)(on_change)
         kopf.on.create(GROUP, VERSION, plural, id="reconcile", **kw)(on_change)

@@ -7,6 +7,12 @@ Every entry point takes the resource's lock, so the change handlers and the peri
 resync never act on one resource at once. The outcome of a pass is a `Result`; the
 caller turns it into one status patch (nothing when nothing changed), the Events of
 the state changes, and a requeue delay when the pass must be repeated.
+
+Requested changes and drift: a field whose spec value changed since the spec last handled
+is a requested change, applied in every case. Any other difference between the cloud and
+the spec is drift, whatever pass finds it (a resync, an annotation or label edit, a
+reconcile request, the resume after a restart): corrected by default, only reported
+under `drift-policy: report`.
 """
 
 from __future__ import annotations
@@ -16,15 +22,15 @@ import dataclasses
 import logging
 import random
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from provisioner import annotations, secrets
+from provisioner import annotation_keys, connection_secret, kinds
 from provisioner import conditions as cond
 from provisioner.cloud import errors
-from provisioner.cloud.base import ExternalClient, Observation
+from provisioner.cloud.base import ExternalClient, FieldDiff, Observation, PasswordClient
 from provisioner.config import Settings
 from provisioner.crashpoints import crashpoint
 from provisioner.kube import Kube, KubeError
@@ -47,6 +53,36 @@ def backoff(retry: int, base: float = RETRY_BASE, cap: float = RETRY_CAP) -> flo
     return round(delay * random.uniform(0.8, 1.2), 2)
 
 
+@dataclass(frozen=True)
+class Requested:
+    """Which spec fields the user changed since the spec last handled."""
+
+    # Top-level spec paths ("spec.visibilityTimeoutSeconds"); `everything` for a new resource.
+    paths: frozenset[str] = frozenset()
+    everything: bool = False
+
+    def covers(self, diff_field: str) -> bool:
+        """Whether a FieldDiff's field ("spec.lifecycle.expireAfterDays", "tags") was asked for."""
+        if self.everything:
+            return True
+        top = "spec.tags" if diff_field == "tags" else ".".join(diff_field.split(".")[:2])
+        return top in self.paths
+
+
+NOTHING_REQUESTED = Requested()
+EVERYTHING_REQUESTED = Requested(everything=True)
+
+
+def requested_fields(
+    last_handled: Mapping[str, Any] | None, current: Mapping[str, Any]
+) -> Requested:
+    """The spec fields that differ from the spec last handled (all of them when none was)."""
+    if last_handled is None:
+        return EVERYTHING_REQUESTED
+    keys = set(last_handled) | set(current)
+    return Requested(frozenset(f"spec.{k}" for k in keys if last_handled.get(k) != current.get(k)))
+
+
 @dataclass
 class Event:
     type: str  # Normal | Warning
@@ -62,10 +98,12 @@ class Result:
     fields: dict[str, Any] = field(default_factory=dict)
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None
-    # Whether this pass acted on the current generation (sets observedGeneration).
-    observed: bool = True
-    # Deletion finished: the finalizer may go.
-    released: bool = False
+    # This pass dealt with the current generation, so status.observedGeneration moves to it.
+    # False for passes that did not look at the spec (paused, deletion, a repeat after a
+    # terminal error).
+    for_generation: bool = True
+    # Deletion is complete: the cloud resource is gone (or retained) and the finalizer may go.
+    release_finalizer: bool = False
 
     @property
     def retry_message(self) -> str:
@@ -89,9 +127,9 @@ class Reconciler:
         self.post_event = post_event
         self.executor = ThreadPoolExecutor(max_workers=settings.workers, thread_name_prefix="cloud")
         self.locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
-        # Passes in flight at once. A burst of 1,000 new resources then finishes in waves
-        # (each one quickly) instead of all together at the end, holding far less memory.
-        self.gate = asyncio.Semaphore(max(1, settings.workers))
+        # Bounds the passes in flight at once. A burst of 1,000 new resources then finishes in
+        # waves (each one quickly) instead of all together at the end, holding far less memory.
+        self.passes_in_flight = asyncio.Semaphore(max(1, settings.workers))
         # Master passwords of databases created by this process whose Secret is not
         # written yet. Lost on a crash, which is fine: a database found without its
         # Secret gets a new password (set in the cloud first, then written).
@@ -99,14 +137,13 @@ class Reconciler:
 
     # -- helpers ------------------------------------------------------------------
 
-    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    async def in_thread(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run a blocking call (boto3, the Kubernetes client) on the cloud thread pool."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, lambda: fn(*args, **kwargs))
 
-    def resource(self, body: dict[str, Any]) -> Resource:
-        return Resource.from_body(
-            body, region=self.settings.region, cluster_id=self.settings.cluster_id
-        )
+    def resource(self, body: Mapping[str, Any]) -> Resource:
+        return kinds.parse(body, region=self.settings.region, cluster_id=self.settings.cluster_id)
 
     def forget(self, uid: str) -> None:
         self.locks.pop(uid, None)
@@ -153,7 +190,7 @@ class Reconciler:
         return cond.status_patch(
             resource.status,
             result.conditions,
-            resource.generation if result.observed else None,
+            resource.generation if result.for_generation else None,
             result.fields,
         )
 
@@ -185,33 +222,43 @@ class Reconciler:
 
     # -- entry points ---------------------------------------------------------------
 
-    async def reconcile(self, body: dict[str, Any], retry: int = 0) -> tuple[Result, Resource]:
-        """A pass for a new generation, a resume, or an annotation change."""
+    async def reconcile(
+        self,
+        body: Mapping[str, Any],
+        retry: int = 0,
+        last_handled_spec: Mapping[str, Any] | None = None,
+    ) -> tuple[Result, Resource]:
+        """A pass for a new generation, a resume, or an annotation or label change.
+
+        `last_handled_spec` is the spec as the last successful pass saw it (None for a new
+        resource): the fields that differ from it are the requested changes.
+        """
         resource = self.resource(body)
-        async with self.gate, self.locks[resource.uid]:
+        requested = requested_fields(last_handled_spec, body.get("spec") or {})
+        async with self.passes_in_flight, self.locks[resource.uid]:
             if resource.paused:
                 return self._paused(resource), resource
-            requested = resource.reconcile_request_pending
-            if self.terminal_for_generation(resource) and not requested:
-                return Result(observed=False), resource
+            asked_to_reconcile = resource.reconcile_request_pending
+            if self.terminal_for_generation(resource) and not asked_to_reconcile:
+                return Result(for_generation=False), resource
             try:
-                result = await self._sync(resource, retry)
+                result = await self._sync(resource, retry, requested)
             except Exception as exc:  # noqa: BLE001 - every failure becomes a condition
                 result = self._failure(resource, exc, retry)
-            if requested:
+            if asked_to_reconcile:
                 result.fields["lastReconcileRequest"] = resource.annotation(
-                    annotations.RECONCILE_REQUESTED_AT
+                    annotation_keys.RECONCILE_REQUESTED_AT
                 )
             return result, resource
 
-    async def resync(self, body: dict[str, Any]) -> tuple[Result, Resource] | None:
+    async def resync(self, body: Mapping[str, Any]) -> tuple[Result, Resource] | None:
         """The periodic re-check: drift, vanished resources, edited or deleted Secrets."""
         resource = self.resource(body)
         if resource.paused or not self.settled(resource):
             return None
-        async with self.gate, self.locks[resource.uid]:
+        async with self.passes_in_flight, self.locks[resource.uid]:
             try:
-                result = await self._sync(resource, 0, resync=True)
+                result = await self._sync(resource, 0, NOTHING_REQUESTED, resync=True)
             except Exception as exc:  # noqa: BLE001
                 result = self._failure(resource, exc, 0)
             result.requeue_after = None
@@ -225,155 +272,240 @@ class Reconciler:
                     cond.SYNCED,
                     False,
                     cond.PAUSED,
-                    f"paused by the {annotations.PAUSED} annotation: no cloud calls until it is "
-                    "removed or set to false",
+                    f"paused by the {annotation_keys.PAUSED} annotation: no cloud calls until "
+                    "it is removed or set to false",
                 )
             ],
-            observed=False,
+            for_generation=False,
         )
 
-    async def finalize(self, body: dict[str, Any], retry: int = 0) -> tuple[Result, Resource]:
+    async def finalize(self, body: Mapping[str, Any], retry: int = 0) -> tuple[Result, Resource]:
         resource = self.resource(body)
-        async with self.gate, self.locks[resource.uid]:
+        async with self.passes_in_flight, self.locks[resource.uid]:
             try:
                 result = await self._delete(resource, retry)
             except errors.NotSupportedError as exc:
                 # The endpoint has no such service, so nothing of ours can exist there.
                 await self._delete_secret(resource)
-                result = Result(released=True, observed=False)
+                result = Result(release_finalizer=True, for_generation=False)
                 result.events.append(Event("Normal", "Deleted", f"nothing to delete: {exc}"))
             except Exception as exc:  # noqa: BLE001
                 result = self._failure(resource, exc, retry, deleting=True)
-        if result.released:
+        if result.release_finalizer:
             self.forget(resource.uid)
         return result, resource
 
     # -- the passes -------------------------------------------------------------------
 
-    async def _sync(self, resource: Resource, retry: int, resync: bool = False) -> Result:
+    async def _sync(
+        self, resource: Resource, retry: int, requested: Requested, resync: bool = False
+    ) -> Result:
+        """observe -> create or apply changes -> wait until available -> Secret -> Ready."""
         client = self.clients[resource.kind]
-        name = resource.external_name
-        resolved: dict[str, str] = {}
-        for dependency in resource.dependencies:
-            arn = await self._ready_arn(resource.namespace, dependency)
-            if arn is None:
-                return self._waiting_for(dependency, retry)
-            resolved[dependency.key] = arn
+        resolved, waiting = await self._resolve_dependencies(resource, retry)
+        if waiting is not None:
+            return waiting
         resource = dataclasses.replace(resource, resolved=resolved)
 
         events: list[Event] = []
         conditions: list[cond.Condition] = []
-        obs = await self.run(client.observe, resource)
+        obs = await self.in_thread(client.observe, resource)
         if obs.exists and not self._is_ours(resource, obs):
             return self._name_conflict(resource, obs)
-
         if not obs.exists:
-            if not client.tags_on_create and resource.status.get("externalName") != name:
-                # Recorded before the call: the proof that an untagged resource of this
-                # name is our own interrupted create (S3 tags only after CreateBucket).
-                await self.run(
-                    self.kube.patch_status,
-                    resource.kind,
-                    resource.namespace,
-                    resource.name,
-                    {"externalName": name},
-                )
-                resource.status["externalName"] = name
-            elif resync:
-                events.append(
-                    Event(
-                        "Warning", "Vanished", f"{name} disappeared from the cloud; recreating it"
-                    )
-                )
-            create_secrets: dict[str, str] = {}
-            if client.generates_password:
-                password = self.pending_passwords.setdefault(
-                    resource.uid, secrets.generate_password()
-                )
-                create_secrets["password"] = password
-            try:
-                await self.run(client.create, resource, create_secrets)
-            except errors.ConflictError:
-                # An earlier attempt may have succeeded with its answer lost on the way
-                # back: "already exists" is ours if the tags say so.
-                obs = await self.run(client.observe, resource)
-                if not (obs.exists and self._is_ours(resource, obs)):
-                    raise
-            crashpoint("after-create")
-            events.append(Event("Normal", "Created", f"created {resource.kind} {name}"))
-            obs = await self.run(client.observe, resource)
+            obs = await self._create(resource, client, resync, events)
             if not obs.exists:
-                return Result(
-                    conditions=[
-                        cond.Condition(cond.READY, False, cond.CREATING, f"creating {name}")
-                    ],
-                    fields={"externalName": name},
-                    events=events,
-                    requeue_after=backoff(retry, WAIT_BASE, WAIT_CAP),
-                )
+                return self._creating(resource, retry, events)
         elif obs.diffs and obs.available:
-            adopting = self._adopting(resource, obs)
-            drift = "; ".join(d.describe() for d in obs.diffs)
-            if adopting:
-                events.append(Event("Normal", "Adopted", f"took over existing {name}"))
-            if resync and resource.drift_report_only and not adopting:
-                conditions.append(cond.Condition(cond.DRIFTED, True, cond.DRIFT_REPORTED, drift))
-                if cond.changed(resource.status, conditions[-1]):
-                    events.append(
-                        Event("Warning", "Drifted", f"not corrected (report only): {drift}")
-                    )
-            else:
-                await self.run(client.update, resource, obs)
-                if resync and not adopting:
-                    conditions.append(
-                        cond.Condition(cond.DRIFTED, False, cond.DRIFT_CORRECTED, drift)
-                    )
-                    events.append(Event("Warning", "Drifted", f"corrected: {drift}"))
-                else:
-                    changed = ", ".join(d.field for d in obs.diffs)
-                    events.append(Event("Normal", "Updated", f"updated {changed}"))
-                obs = await self.run(client.observe, resource)
-        elif resync and cond.is_true(resource.status, cond.DRIFTED):
+            obs = await self._apply_changes(resource, client, obs, requested, conditions, events)
+        elif obs.available and cond.is_true(resource.status, cond.DRIFTED):
             conditions.append(cond.Condition(cond.DRIFTED, False, cond.NO_DRIFT))
 
-        fields = {"externalName": name, "arn": obs.arn, **obs.status}
+        fields = {"externalName": resource.external_name, "arn": obs.arn, **obs.status}
         if obs.deleting or not obs.available:
-            reason = cond.CREATING if obs.state in ("creating", "") else cond.UNAVAILABLE
-            return Result(
-                conditions=[
-                    cond.Condition(
-                        cond.READY, False, reason, f"{name} is {obs.state or 'not ready'}"
-                    ),
-                    cond.Condition(cond.SYNCED, True, cond.RECONCILE_SUCCESS),
-                    *conditions,
-                ],
-                fields=fields,
-                events=events,
-                requeue_after=backoff(retry, WAIT_BASE, WAIT_CAP),
-            )
-        if obs.diffs and not (resync and resource.drift_report_only):
-            pending = "; ".join(d.describe() for d in obs.diffs)
-            return Result(
-                conditions=[
-                    cond.Condition(cond.READY, True, cond.AVAILABLE, f"{name} is available"),
-                    cond.Condition(
-                        cond.SYNCED,
-                        False,
-                        cond.RECONCILE_ERROR,
-                        f"the cloud has not applied: {pending}",
-                    ),
-                    *conditions,
-                ],
-                fields=fields,
-                events=events,
-                requeue_after=backoff(retry),
-            )
+            return self._not_available(resource, obs, retry, fields, conditions, events)
+        pending = [d for d in obs.diffs if not self._reported_only(resource, d, requested)]
+        if pending:
+            return self._pending(resource, pending, retry, fields, conditions, events)
+        return await self._ready(resource, client, obs, fields, conditions, events)
 
+    async def _resolve_dependencies(
+        self, resource: Resource, retry: int
+    ) -> tuple[dict[str, str], Result | None]:
+        """The ARNs of the resources this one needs, or the Result that says it waits."""
+        resolved: dict[str, str] = {}
+        for dependency in resource.dependencies:
+            arn = await self._ready_arn(resource.namespace, dependency)
+            if arn is None:
+                return resolved, self._waiting_for(dependency, retry)
+            resolved[dependency.key] = arn
+        return resolved, None
+
+    async def _create(
+        self, resource: Resource, client: ExternalClient, resync: bool, events: list[Event]
+    ) -> Observation:
+        """Create the cloud resource (safe to repeat after a crash) and observe it again."""
+        name = resource.external_name
+        if not client.tags_on_create and resource.status.get("externalName") != name:
+            # Recorded before the call: the proof that an untagged resource of this
+            # name is our own interrupted create (S3 tags only after CreateBucket).
+            await self.in_thread(
+                self.kube.patch_status,
+                resource.kind,
+                resource.namespace,
+                resource.name,
+                {"externalName": name},
+            )
+            resource.status["externalName"] = name
+        elif resync:
+            events.append(
+                Event("Warning", "Vanished", f"{name} disappeared from the cloud; recreating it")
+            )
+        create_secrets: dict[str, str] = {}
+        if isinstance(client, PasswordClient):
+            password = self.pending_passwords.setdefault(
+                resource.uid, connection_secret.generate_password()
+            )
+            create_secrets["password"] = password
+        try:
+            await self.in_thread(client.create, resource, create_secrets)
+        except errors.ConflictError:
+            # An earlier attempt may have succeeded with its answer lost on the way
+            # back: "already exists" is ours if the tags say so.
+            obs = await self.in_thread(client.observe, resource)
+            if not (obs.exists and self._is_ours(resource, obs)):
+                raise
+        crashpoint("after-create")
+        events.append(Event("Normal", "Created", f"created {resource.kind} {name}"))
+        return await self.in_thread(client.observe, resource)
+
+    @staticmethod
+    def _reported_only(resource: Resource, diff: FieldDiff, requested: Requested) -> bool:
+        """Drift that `drift-policy: report` leaves in place (a requested change never is)."""
+        return resource.drift_report_only and not requested.covers(diff.field)
+
+    async def _apply_changes(
+        self,
+        resource: Resource,
+        client: ExternalClient,
+        obs: Observation,
+        requested: Requested,
+        conditions: list[cond.Condition],
+        events: list[Event],
+    ) -> Observation:
+        """Write the requested changes and correct drift (or only report it); observe again."""
+        name = resource.external_name
+        if self._adopting(resource, obs):
+            # Taking over: the spec wins on every field, and that is no drift.
+            events.append(Event("Normal", "Adopted", f"took over existing {name}"))
+            requested = EVERYTHING_REQUESTED
+        changes = [d for d in obs.diffs if requested.covers(d.field)]
+        drift = [d for d in obs.diffs if not requested.covers(d.field)]
+        described = "; ".join(d.describe() for d in drift)
+        to_write = changes if resource.drift_report_only else changes + drift
+        if drift and resource.drift_report_only:
+            conditions.append(cond.Condition(cond.DRIFTED, True, cond.DRIFT_REPORTED, described))
+            if cond.changed(resource.status, conditions[-1]):
+                events.append(
+                    Event("Warning", "Drifted", f"not corrected (report only): {described}")
+                )
+        elif drift:
+            conditions.append(cond.Condition(cond.DRIFTED, False, cond.DRIFT_CORRECTED, described))
+            events.append(Event("Warning", "Drifted", f"corrected: {described}"))
+        elif cond.is_true(resource.status, cond.DRIFTED):
+            conditions.append(cond.Condition(cond.DRIFTED, False, cond.NO_DRIFT))
+        if not to_write:
+            return obs
+        await self.in_thread(client.update, resource, obs, to_write)
+        if changes:
+            updated = ", ".join(d.field for d in changes)
+            events.append(Event("Normal", "Updated", f"updated {updated}"))
+        return await self.in_thread(client.observe, resource)
+
+    @staticmethod
+    def _creating(resource: Resource, retry: int, events: list[Event]) -> Result:
+        name = resource.external_name
+        return Result(
+            conditions=[cond.Condition(cond.READY, False, cond.CREATING, f"creating {name}")],
+            fields={"externalName": name},
+            events=events,
+            requeue_after=backoff(retry, WAIT_BASE, WAIT_CAP),
+        )
+
+    @staticmethod
+    def _not_available(
+        resource: Resource,
+        obs: Observation,
+        retry: int,
+        fields: dict[str, Any],
+        conditions: list[cond.Condition],
+        events: list[Event],
+    ) -> Result:
+        """The resource exists but does not serve yet (or any more): wait and look again."""
+        reason = cond.CREATING if obs.state in ("creating", "") else cond.UNAVAILABLE
+        return Result(
+            conditions=[
+                cond.Condition(
+                    cond.READY,
+                    False,
+                    reason,
+                    f"{resource.external_name} is {obs.state or 'not ready'}",
+                ),
+                cond.Condition(cond.SYNCED, True, cond.RECONCILE_SUCCESS),
+                *conditions,
+            ],
+            fields=fields,
+            events=events,
+            requeue_after=backoff(retry, WAIT_BASE, WAIT_CAP),
+        )
+
+    @staticmethod
+    def _pending(
+        resource: Resource,
+        pending: list[FieldDiff],
+        retry: int,
+        fields: dict[str, Any],
+        conditions: list[cond.Condition],
+        events: list[Event],
+    ) -> Result:
+        """Written, but the cloud does not show it yet: Synced=False until it does."""
+        described = "; ".join(d.describe() for d in pending)
+        return Result(
+            conditions=[
+                cond.Condition(
+                    cond.READY, True, cond.AVAILABLE, f"{resource.external_name} is available"
+                ),
+                cond.Condition(
+                    cond.SYNCED,
+                    False,
+                    cond.RECONCILE_ERROR,
+                    f"the cloud has not applied: {described}",
+                ),
+                *conditions,
+            ],
+            fields=fields,
+            events=events,
+            requeue_after=backoff(retry),
+        )
+
+    async def _ready(
+        self,
+        resource: Resource,
+        client: ExternalClient,
+        obs: Observation,
+        fields: dict[str, Any],
+        conditions: list[cond.Condition],
+        events: list[Event],
+    ) -> Result:
+        """Available and in line with the spec: write the Secret, report Ready."""
         secret_events, secret_fields = await self._write_secret(resource, client, obs)
         events.extend(secret_events)
         fields.update(secret_fields)
         fields["connectionSecret"] = resource.secret_name
-        available = f"{name} is available; connection Secret {resource.secret_name} is written"
+        available = (
+            f"{resource.external_name} is available; "
+            f"connection Secret {resource.secret_name} is written"
+        )
         return Result(
             conditions=[
                 cond.Condition(cond.READY, True, cond.AVAILABLE, available),
@@ -411,33 +543,35 @@ class Reconciler:
         """
         events: list[Event] = []
         fields: dict[str, Any] = {}
-        existing = await self.run(self.kube.get_secret, resource.namespace, resource.secret_name)
+        existing = await self.in_thread(
+            self.kube.get_secret, resource.namespace, resource.secret_name
+        )
         data = dict(obs.connection)
-        if client.generates_password:
-            owned = existing is not None and secrets.owned_by(existing, resource)
-            current = secrets.decode(existing) if owned else {}
+        if isinstance(client, PasswordClient):
+            owned = existing is not None and connection_secret.owned_by(existing, resource)
+            current = connection_secret.decode(existing) if owned else {}
             password = current.get("password") or self.pending_passwords.get(resource.uid)
             rotate = resource.rotation_pending
             if rotate or not password:
                 # Rotation asked, or nobody knows the password any more (Secret deleted,
                 # adopted instance, crash between create and Secret): a new one, cloud first.
-                password = secrets.generate_password()
-                await self.run(client.set_password, resource, password)
+                password = connection_secret.generate_password()
+                await self.in_thread(client.set_password, resource, password)
                 crashpoint("after-password-set")
                 what = "rotated on request" if rotate else "reset: the Secret had none"
                 events.append(Event("Normal", "PasswordChanged", f"master password {what}"))
                 if rotate:
                     fields["lastPasswordRotation"] = resource.annotation(
-                        annotations.ROTATE_PASSWORD_AT
+                        annotation_keys.ROTATE_PASSWORD_AT
                     )
             data = client.with_password(data, password)
-        if secrets.needs_write(existing, resource, data):
-            body = secrets.build(resource, data)
+        if connection_secret.needs_write(existing, resource, data):
+            body = connection_secret.build(resource, data)
             if existing is None:
-                await self.run(self.kube.create_secret, resource.namespace, body)
+                await self.in_thread(self.kube.create_secret, resource.namespace, body)
             else:
                 body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
-                await self.run(
+                await self.in_thread(
                     self.kube.replace_secret, resource.namespace, resource.secret_name, body
                 )
             if existing is not None or resource.status.get("connectionSecret"):
@@ -453,7 +587,9 @@ class Reconciler:
 
     async def _ready_arn(self, namespace: str, dependency: Dependency) -> str | None:
         """The dependency's ARN once it is Ready; None while it is not (or is going away)."""
-        target = await self.run(self.kube.get_resource, dependency.kind, namespace, dependency.name)
+        target = await self.in_thread(
+            self.kube.get_resource, dependency.kind, namespace, dependency.name
+        )
         if not target or target.get("metadata", {}).get("deletionTimestamp"):
             return None
         status = target.get("status") or {}
@@ -476,7 +612,7 @@ class Reconciler:
 
     async def _delete(self, resource: Resource, retry: int) -> Result:
         name = resource.external_name
-        done = Result(released=True, observed=False)
+        done = Result(release_finalizer=True, for_generation=False)
         if resource.paused:
             paused = self._paused(resource)
             paused.conditions.insert(
@@ -497,7 +633,7 @@ class Reconciler:
             )
             return done
         client = self.clients[resource.kind]
-        obs = await self.run(client.observe, resource)
+        obs = await self.in_thread(client.observe, resource)
         if obs.exists and not self._is_ours(resource, obs):
             await self._delete_secret(resource)
             done.events.append(
@@ -510,15 +646,15 @@ class Reconciler:
             return done
         if obs.exists and not obs.deleting:
             try:
-                await self.run(client.delete, resource, obs)
+                await self.in_thread(client.delete, resource, obs)
                 crashpoint("after-delete-call")
             except errors.DeletionBlocked as exc:
                 return Result(
                     conditions=[cond.Condition(cond.READY, False, cond.DELETING, exc.message)],
-                    observed=False,
+                    for_generation=False,
                     requeue_after=backoff(retry, WAIT_BASE, 15.0),
                 )
-            obs = await self.run(client.observe, resource)
+            obs = await self.in_thread(client.observe, resource)
         if obs.exists:
             return Result(
                 conditions=[
@@ -529,7 +665,7 @@ class Reconciler:
                         f"deleting {name} ({obs.state or 'in progress'})",
                     )
                 ],
-                observed=False,
+                for_generation=False,
                 requeue_after=backoff(retry, WAIT_BASE, WAIT_CAP),
             )
         await self._delete_secret(resource)
@@ -537,9 +673,11 @@ class Reconciler:
         return done
 
     async def _delete_secret(self, resource: Resource) -> None:
-        existing = await self.run(self.kube.get_secret, resource.namespace, resource.secret_name)
-        if existing and secrets.owned_by(existing, resource):
-            await self.run(
+        existing = await self.in_thread(
+            self.kube.get_secret, resource.namespace, resource.secret_name
+        )
+        if existing and connection_secret.owned_by(existing, resource):
+            await self.in_thread(
                 self.kube.delete_secret,
                 resource.namespace,
                 resource.secret_name,
@@ -567,7 +705,7 @@ class Reconciler:
                 fields={} if deleting else {"externalName": resource.external_name},
                 # During deletion there is no spec change to wait for: keep retrying slowly.
                 requeue_after=backoff(retry, cap=CREDENTIALS_RETRY_CAP) if deleting else None,
-                observed=not deleting,
+                for_generation=not deleting,
             )
         if isinstance(exc, errors.ConflictError):
             return Result(
@@ -578,7 +716,7 @@ class Reconciler:
                 requeue_after=backoff(retry) if deleting else None,
             )
         delay = backoff(retry)
-        if isinstance(exc, secrets.SecretConflict):
+        if isinstance(exc, connection_secret.SecretConflict):
             message = str(exc)
         elif isinstance(exc, errors.CredentialsError):
             message = str(exc)
@@ -593,4 +731,4 @@ class Reconciler:
         conditions = [cond.Condition(cond.SYNCED, False, cond.RECONCILE_ERROR, message)]
         if deleting:
             conditions.insert(0, cond.Condition(cond.READY, False, cond.DELETING, message))
-        return Result(conditions=conditions, requeue_after=delay, observed=not deleting)
+        return Result(conditions=conditions, requeue_after=delay, for_generation=not deleting)

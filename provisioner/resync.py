@@ -89,7 +89,7 @@ class ResyncScheduler:
         try:
             if await self._paused(namespace):
                 return
-            body = await self.reconciler.run(
+            body = await self.reconciler.in_thread(
                 self.reconciler.kube.get_resource, kind, namespace, name
             )
             if body is None or body.get("metadata", {}).get("uid") != uid:
@@ -118,7 +118,7 @@ class ResyncScheduler:
             if clusterwide
             else f"/apis/{PEERING_GROUP}/namespaces/{namespace}/kopfpeerings/{name}"
         )
-        peering = await self.reconciler.run(self.reconciler.kube.request, "GET", path) or {}
+        peering = await self.reconciler.in_thread(self.reconciler.kube.request, "GET", path) or {}
         now = datetime.now(UTC)
         paused = False
         for peer in (peering.get("status") or {}).values():

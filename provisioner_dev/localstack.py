@@ -16,6 +16,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from provisioner.kinds import KINDS
 from provisioner_dev.binaries import cache_root
 from provisioner_dev.processes import LoopbackService, free_port
 
@@ -27,7 +28,8 @@ PACKAGES = [
     "cryptography==43.0.3",
     "service-identity==23.1.0",
 ]
-SERVICES = ("s3", "sqs")
+# The services of the kinds LocalStack's free edition offers (RDS is not among them).
+SERVICES = tuple(sorted({k.service for k in KINDS if k.on_localstack}))
 
 
 def venv_dir() -> Path:

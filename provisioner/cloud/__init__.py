@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from provisioner.cloud.base import ExternalClient, FieldDiff
-
-if TYPE_CHECKING:
-    from provisioner.cloud.aws import Aws
+from provisioner.cloud.base import FieldDiff
 
 # Tags AWS puts on resources itself; users cannot set or remove them.
 AWS_TAG_PREFIX = "aws:"
@@ -30,14 +25,3 @@ def tag_changes(
     current = visible_tags(observed)
     to_set = {k: v for k, v in desired.items() if current.get(k) != v}
     return to_set, sorted(k for k in current if k not in desired)
-
-
-def make_clients(aws: Aws) -> dict[str, ExternalClient]:
-    """One client per kind, keyed by the custom resource's kind."""
-    # Imported here: the client modules import the helpers above from this package.
-    from provisioner.cloud.rds import RdsClient
-    from provisioner.cloud.s3 import S3Client
-    from provisioner.cloud.sqs import SqsClient
-
-    clients: list[ExternalClient] = [RdsClient(aws), S3Client(aws), SqsClient(aws)]
-    return {client.kind: client for client in clients}

@@ -21,9 +21,11 @@ import botocore.exceptions
 import tenacity
 
 from provisioner.cloud import errors
+from provisioner.cloud.base import ErrorCodes
 
 T = TypeVar("T")
 
+# Codes every AWS service shares; each kind adds its service's own (KindDescriptor.error_codes).
 THROTTLING_CODES = {
     "Throttling",
     "ThrottlingException",
@@ -36,7 +38,6 @@ THROTTLING_CODES = {
     "RequestLimitExceeded",
     "BandwidthLimitExceeded",
     "LimitExceededException",
-    "SlowDown",
     "EC2ThrottledException",
     "PriorRequestNotComplete",
     "RequestTimeout",
@@ -45,11 +46,6 @@ THROTTLING_CODES = {
     "InternalError",
     "InternalFailure",
     "ServiceFailure",
-    "OperationAborted",
-    "AWS.SimpleQueueService.QueueDeletedRecently",
-    "QueueDeletedRecently",
-    "InvalidDBInstanceState",
-    "InvalidDBInstanceStateFault",
 }
 CREDENTIALS_CODES = {
     "InvalidClientTokenId",
@@ -63,31 +59,26 @@ CREDENTIALS_CODES = {
     "IncompleteSignature",
 }
 NOT_FOUND_CODES = {
-    "NoSuchBucket",
     "404",
     "NotFound",
-    "DBInstanceNotFound",
-    "DBInstanceNotFoundFault",
-    "DBSnapshotNotFound",
-    "AWS.SimpleQueueService.NonExistentQueue",
-    "QueueDoesNotExist",
-    "NoSuchTagSet",
-    "NoSuchLifecycleConfiguration",
-    "ServerSideEncryptionConfigurationNotFoundError",
-    "NoSuchPublicAccessBlockConfiguration",
 }
-CONFLICT_CODES = {
-    "BucketAlreadyExists",
-    "DBInstanceAlreadyExists",
-    "DBInstanceAlreadyExistsFault",
-    "QueueAlreadyExists",
-    "QueueNameExists",
-    "AWS.SimpleQueueService.QueueNameExists",
-}
+CONFLICT_CODES: set[str] = set()
 NOT_SUPPORTED_CODES = {"InternalFailure.NotImplemented", "NotImplemented", "NotImplementedError"}
 
 
-def classify(exc: BaseException) -> errors.CloudError:
+def merge_codes(codes: list[ErrorCodes]) -> ErrorCodes:
+    """The shared codes plus every kind's own."""
+    return ErrorCodes(
+        not_found=frozenset(NOT_FOUND_CODES).union(*(c.not_found for c in codes)),
+        conflict=frozenset(CONFLICT_CODES).union(*(c.conflict for c in codes)),
+        retryable=frozenset(THROTTLING_CODES).union(*(c.retryable for c in codes)),
+    )
+
+
+SHARED_CODES = merge_codes([])
+
+
+def classify(exc: BaseException, codes: ErrorCodes = SHARED_CODES) -> errors.CloudError:
     """Turn any boto/botocore exception into one of our classes."""
     if isinstance(exc, errors.CloudError):
         return exc
@@ -101,13 +92,13 @@ def classify(exc: BaseException) -> errors.CloudError:
             return errors.NotSupportedError(
                 f"the cloud endpoint does not offer {operation}: {message}", code
             )
-        if code in NOT_FOUND_CODES or (http == 404 and code not in CONFLICT_CODES):
+        if code in codes.not_found or (http == 404 and code not in codes.conflict):
             return errors.NotFoundError(message, code)
         if code in CREDENTIALS_CODES:
             return errors.CredentialsError(f"AWS credentials were rejected: {message}", code)
-        if code in THROTTLING_CODES or http >= 500 or http == 429:
+        if code in codes.retryable or http >= 500 or http == 429:
             return errors.RetryableError(message, code)
-        if code in CONFLICT_CODES:
+        if code in codes.conflict:
             return errors.ConflictError(message, code)
         return errors.TerminalError(message, code)
     if isinstance(
@@ -178,8 +169,9 @@ CALLS = CallCounter()
 class Aws:
     """Shared boto3 clients for one operator process."""
 
-    def __init__(self, settings: AwsSettings) -> None:
+    def __init__(self, settings: AwsSettings, codes: ErrorCodes = SHARED_CODES) -> None:
         self.settings = settings
+        self.codes = codes
         self._session = boto3.session.Session()
         self._lock = threading.Lock()
         self._clients: dict[tuple[str, str], Any] = {}
@@ -224,7 +216,7 @@ class Aws:
                 except errors.CloudError:
                     raise
                 except Exception as exc:  # noqa: BLE001 - classified right here
-                    raise classify(exc) from None
+                    raise classify(exc, self.codes) from None
         raise AssertionError("unreachable")
 
 

@@ -1,16 +1,21 @@
 """The per-kind contract that the generic reconciler drives.
 
-Each kind implements observe / create / update / delete against one AWS service.
-All the hard shared semantics (finalizers, ownership, conditions, Secrets, backoff)
-live in the reconciler; a client only speaks to its cloud service.
+Each kind implements observe / create / update / delete against one AWS service, and
+describes itself once in a `KindDescriptor` in its own module. All the hard shared
+semantics (finalizers, ownership, conditions, Secrets, backoff) live in the reconciler;
+a client only speaks to its cloud service.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from provisioner.models import OWNER_UID_TAG, Resource
+from provisioner.models import OWNER_UID_TAG, Dependency, Resource
+
+if TYPE_CHECKING:
+    from provisioner.cloud.aws import Aws
 
 
 @dataclass(frozen=True)
@@ -45,8 +50,9 @@ class Observation:
     connection: dict[str, str] = field(default_factory=dict)
     # Extra status fields for this kind (`endpoint`, `queueUrl`).
     status: dict[str, str] = field(default_factory=dict)
-    # Free-form facts a client keeps between observe and update (raw attributes, tags).
-    raw: dict[str, Any] = field(default_factory=dict)
+    # What the client read and needs again in update or delete (a queue's URL, the tags it
+    # found), so that those calls do not read it a second time. Only the client reads it.
+    client_state: dict[str, Any] = field(default_factory=dict)
 
     def owned_by(self, resource: Resource) -> bool:
         return self.owner_uid == resource.uid
@@ -55,13 +61,9 @@ class Observation:
 class ExternalClient(Protocol):
     """One small client per kind; every method is synchronous and idempotent."""
 
-    kind: str
     # Whether create() tags in the same call. If not, the reconciler records the name in
     # status before creating, so that an untagged resource of that name is known as ours.
     tags_on_create: bool
-    # Kinds with a master password the operator generates (RDS) also implement
-    # set_password and with_password; for the others those are never called.
-    generates_password: bool
 
     def observe(self, resource: Resource) -> Observation:
         """Describe the cloud resource named `resource.external_name`.
@@ -73,11 +75,11 @@ class ExternalClient(Protocol):
     def create(self, resource: Resource, secrets: dict[str, str]) -> None:
         """Create the resource with the ownership tags in the same call where the API allows.
 
-        `secrets` carries generated secret values (the DB master password).
+        `secrets` carries generated secret values (a master password, for kinds that have one).
         """
 
-    def update(self, resource: Resource, observation: Observation) -> None:
-        """Bring every mutable field and the tags in line with the spec."""
+    def update(self, resource: Resource, observation: Observation, diffs: list[FieldDiff]) -> None:
+        """Set exactly the fields in `diffs` (taken from `observation.diffs`) as desired."""
 
     def delete(self, resource: Resource, observation: Observation) -> None:
         """Start or finish deletion following `resource.deletion_policy`.
@@ -87,11 +89,71 @@ class ExternalClient(Protocol):
         refuses for a reason the user must fix (a bucket that still holds objects).
         """
 
+
+@runtime_checkable
+class PasswordClient(Protocol):
+    """The capability of kinds with a master password the operator generates and owns (RDS)."""
+
     def set_password(self, resource: Resource, password: str) -> None:
-        """Set a new master password (only kinds that have one)."""
+        """Set a new master password in the cloud."""
 
     def with_password(self, connection: dict[str, str], password: str) -> dict[str, str]:
-        """The connection Secret's values with the password (only kinds that have one)."""
+        """The connection Secret's values with the password (and anything built from it)."""
+
+
+@dataclass(frozen=True)
+class OwnedResource:
+    """A cloud resource found by listing, with its tags (for `provisioner leaks`)."""
+
+    kind: str
+    name: str
+    tags: dict[str, str]
+
+    @property
+    def owner_uid(self) -> str:
+        return self.tags.get(OWNER_UID_TAG, "")
+
+
+@dataclass(frozen=True)
+class ErrorCodes:
+    """A service's own error codes, beyond the ones every AWS service shares."""
+
+    not_found: frozenset[str] = frozenset()
+    conflict: frozenset[str] = frozenset()
+    retryable: frozenset[str] = frozenset()
+
+
+def no_dependencies(spec: Any) -> list[Dependency]:
+    return []
+
+
+@dataclass(frozen=True)
+class KindDescriptor:
+    """Everything the rest of the operator needs to know about one kind.
+
+    The registry (`provisioner.kinds.KINDS`) lists one per kind; handler registration,
+    models, error classification, leaks, RBAC and the tooling all iterate it.
+    """
+
+    kind: str
+    plural: str
+    short_names: tuple[str, ...]
+    # The AWS service its client speaks to (botocore's name: "rds", "s3", "sqs", "sns").
+    service: str
+    parse_spec: Callable[[Mapping[str, Any]], Any]
+    default_deletion_policy: str
+    # The spec field that names the cloud resource explicitly (its value or "" when unset).
+    name_field: str
+    # The deterministic cloud name derived from (namespace, name, uid, parsed spec).
+    derive_name: Callable[[str, str, str, Any], str]
+    client: Callable[[Aws], ExternalClient]
+    # Every cloud resource of this kind in one region, with tags (for `provisioner leaks`).
+    list_resources: Callable[[Aws, str], Iterable[OwnedResource]]
+    error_codes: ErrorCodes = ErrorCodes()
+    # Other custom resources that must be Ready first (a Queue's dead-letter target).
+    dependencies: Callable[[Any], list[Dependency]] = no_dependencies
+    # Offered by LocalStack's free edition (the operator's LocalStack tests run these).
+    on_localstack: bool = True
 
 
 def owner_of(tags: dict[str, str]) -> str:

@@ -3,13 +3,55 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from provisioner import naming
 from provisioner.cloud import errors, tag_changes, tag_diffs
 from provisioner.cloud.aws import Aws
-from provisioner.cloud.base import FieldDiff, Observation, owner_of
+from provisioner.cloud.base import (
+    ErrorCodes,
+    FieldDiff,
+    KindDescriptor,
+    Observation,
+    OwnedResource,
+    owner_of,
+)
+from provisioner.connection_secret import database_uri
 from provisioner.models import Resource
-from provisioner.secrets import database_uri
+
+
+@dataclass(frozen=True)
+class DatabaseSpec:
+    engine: str
+    instance_class: str
+    allocated_storage_gib: int = 20
+    engine_version: str | None = None
+    master_username: str = "app"
+    database_name: str | None = None
+    port: int | None = None
+    multi_az: bool = False
+    publicly_accessible: bool = False
+    backup_retention_days: int = 7
+    instance_identifier: str | None = None
+
+    @classmethod
+    def parse(cls, spec: Mapping[str, Any]) -> DatabaseSpec:
+        return cls(
+            instance_identifier=spec.get("instanceIdentifier") or None,
+            engine=spec["engine"],
+            instance_class=spec["instanceClass"],
+            allocated_storage_gib=int(spec.get("allocatedStorageGiB", 20)),
+            engine_version=spec.get("engineVersion") or None,
+            master_username=spec.get("masterUsername", "app"),
+            database_name=spec.get("databaseName") or None,
+            port=int(spec["port"]) if spec.get("port") is not None else None,
+            multi_az=bool(spec.get("multiAZ", False)),
+            publicly_accessible=bool(spec.get("publiclyAccessible", False)),
+            backup_retention_days=int(spec.get("backupRetentionDays", 7)),
+        )
+
 
 # Mutable spec fields: (contract field, spec attribute, DescribeDBInstances key).
 # A spec value of None means "whatever the cloud chose".
@@ -33,9 +75,7 @@ USABLE_STATES = set(
 
 
 class RdsClient:
-    kind = "DatabaseInstance"
     tags_on_create = True  # CreateDBInstance takes Tags
-    generates_password = True
 
     def __init__(self, aws: Aws) -> None:
         self.aws = aws
@@ -73,7 +113,7 @@ class RdsClient:
                 "arn": arn,
             },
             status={"endpoint": f"{host}:{port}" if host else ""},
-            raw={"instance": instance},
+            client_state={"instance": instance},
         )
 
     def create(self, resource: Resource, secrets: dict[str, str]) -> None:
@@ -98,9 +138,9 @@ class RdsClient:
             **{k: v for k, v in optional.items() if v is not None},
         )
 
-    def update(self, resource: Resource, observation: Observation) -> None:
-        instance = observation.raw["instance"]
-        changes = {diff.field: diff for diff in _diffs(resource, instance)}
+    def update(self, resource: Resource, observation: Observation, diffs: list[FieldDiff]) -> None:
+        instance = observation.client_state["instance"]
+        changes = {diff.field: diff for diff in diffs}
         tags = changes.pop("tags", None)
         rds = self._rds(resource)
         if tags is not None:
@@ -216,3 +256,34 @@ def _major(engine: str, version: str) -> str:
     if engine == "postgres" and parts[0].isdigit() and int(parts[0]) >= 10:
         return parts[0]
     return ".".join(parts[:2])
+
+
+def list_instances(aws: Aws, region: str) -> Iterator[OwnedResource]:
+    rds = aws.client("rds", region)
+    for page in rds.get_paginator("describe_db_instances").paginate():
+        for db in page.get("DBInstances", []):
+            yield OwnedResource(KIND.kind, db["DBInstanceIdentifier"], _tags(db))
+
+
+KIND = KindDescriptor(
+    kind="DatabaseInstance",
+    plural="databaseinstances",
+    short_names=("dbi",),
+    service="rds",
+    parse_spec=DatabaseSpec.parse,
+    default_deletion_policy="Snapshot",
+    name_field="instanceIdentifier",
+    derive_name=lambda namespace, name, uid, spec: naming.db_instance_identifier(
+        namespace, name, uid
+    ),
+    client=RdsClient,
+    list_resources=list_instances,
+    error_codes=ErrorCodes(
+        not_found=frozenset(
+            {"DBInstanceNotFound", "DBInstanceNotFoundFault", "DBSnapshotNotFound"}
+        ),
+        conflict=frozenset({"DBInstanceAlreadyExists", "DBInstanceAlreadyExistsFault"}),
+        retryable=frozenset({"InvalidDBInstanceState", "InvalidDBInstanceStateFault"}),
+    ),
+    on_localstack=False,
+)

@@ -2,13 +2,46 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from provisioner import naming
 from provisioner.cloud import errors, tag_diffs
 from provisioner.cloud.aws import Aws
-from provisioner.cloud.base import FieldDiff, Observation, owner_of
+from provisioner.cloud.base import (
+    ErrorCodes,
+    FieldDiff,
+    KindDescriptor,
+    Observation,
+    OwnedResource,
+    owner_of,
+)
 from provisioner.models import Resource
+
+
+@dataclass(frozen=True)
+class BucketSpec:
+    bucket_name: str | None = None
+    versioning: bool = False
+    encryption: str = "AES256"
+    block_public_access: bool = True
+    expire_after_days: int | None = None
+    force_destroy: bool = False
+
+    @classmethod
+    def parse(cls, spec: Mapping[str, Any]) -> BucketSpec:
+        lifecycle = spec.get("lifecycle") or {}
+        expire = lifecycle.get("expireAfterDays")
+        return cls(
+            bucket_name=spec.get("bucketName") or None,
+            versioning=bool(spec.get("versioning", False)),
+            encryption=spec.get("encryption", "AES256"),
+            block_public_access=bool(spec.get("blockPublicAccess", True)),
+            expire_after_days=int(expire) if expire is not None else None,
+            force_destroy=bool(spec.get("forceDestroy", False)),
+        )
+
 
 LIFECYCLE_RULE_ID = "provisioner-expire"
 PUBLIC_ACCESS_KEYS = (
@@ -62,9 +95,7 @@ FRESH_BUCKET: dict[str, Any] = {"spec.versioning": False, "spec.lifecycle.expire
 
 
 class S3Client:
-    kind = "S3Bucket"
     tags_on_create = False  # CreateBucket takes none: tagged right after
-    generates_password = False
 
     def __init__(self, aws: Aws) -> None:
         self.aws = aws
@@ -102,7 +133,7 @@ class S3Client:
             arn=arn,
             diffs=_diffs(resource, config, tags),
             connection={"bucket": name, "region": region, "arn": arn, "endpoint": endpoint},
-            raw={"config": config, "tags": tags},
+            client_state={"config": config, "tags": tags},
         )
 
     def create(self, resource: Resource, secrets: dict[str, str]) -> None:
@@ -133,9 +164,9 @@ class S3Client:
             if field not in FRESH_BUCKET or FRESH_BUCKET[field] != desired:
                 self._set(s3, resource, field, desired)
 
-    def update(self, resource: Resource, observation: Observation) -> None:
+    def update(self, resource: Resource, observation: Observation, diffs: list[FieldDiff]) -> None:
         s3 = self._s3(resource)
-        for diff in _diffs(resource, observation.raw["config"], observation.raw["tags"]):
+        for diff in diffs:
             self._apply(s3, resource, diff)
 
     def delete(self, resource: Resource, observation: Observation) -> None:
@@ -160,9 +191,6 @@ class S3Client:
             raise errors.RetryableError(
                 f"bucket {name} got new objects; will retry", exc.code
             ) from None
-
-    def set_password(self, resource: Resource, password: str) -> None:
-        raise NotImplementedError("an S3 bucket has no password")
 
     def _tags(self, s3: Any, name: str) -> dict[str, str]:
         tag_set = self._get(s3.get_bucket_tagging, name).get("TagSet") or []
@@ -243,3 +271,40 @@ def _diffs(resource: Resource, config: dict[str, Any], tags: dict[str, str]) -> 
         if config[field] != desired:
             diffs.append(FieldDiff(field, config[field], desired))
     return diffs + tag_diffs(tags, resource.desired_tags)
+
+
+def list_buckets(aws: Aws, region: str) -> Iterator[OwnedResource]:
+    s3 = aws.client("s3", region)
+    for bucket in aws.call(s3.list_buckets).get("Buckets", []):
+        try:
+            tag_set = aws.call(s3.get_bucket_tagging, Bucket=bucket["Name"])["TagSet"]
+        except errors.NotFoundError:
+            continue
+        yield OwnedResource(KIND.kind, bucket["Name"], {t["Key"]: t["Value"] for t in tag_set})
+
+
+KIND = KindDescriptor(
+    kind="S3Bucket",
+    plural="s3buckets",
+    short_names=("s3b",),
+    service="s3",
+    parse_spec=BucketSpec.parse,
+    default_deletion_policy="Delete",
+    name_field="bucketName",
+    derive_name=lambda namespace, name, uid, spec: naming.bucket_name(namespace, name, uid),
+    client=S3Client,
+    list_resources=list_buckets,
+    error_codes=ErrorCodes(
+        not_found=frozenset(
+            {
+                "NoSuchBucket",
+                "NoSuchTagSet",
+                "NoSuchLifecycleConfiguration",
+                "ServerSideEncryptionConfigurationNotFoundError",
+                "NoSuchPublicAccessBlockConfiguration",
+            }
+        ),
+        conflict=frozenset({"BucketAlreadyExists"}),
+        retryable=frozenset({"SlowDown", "OperationAborted"}),
+    ),
+)

@@ -7,12 +7,51 @@ in `resource.resolved` (absent: no redrive policy wanted).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from provisioner import naming
 from provisioner.cloud import errors, tag_changes, tag_diffs
 from provisioner.cloud.aws import Aws
-from provisioner.cloud.base import FieldDiff, Observation, owner_of
-from provisioner.models import DEAD_LETTER_ARN, Resource
+from provisioner.cloud.base import (
+    ErrorCodes,
+    FieldDiff,
+    KindDescriptor,
+    Observation,
+    OwnedResource,
+    owner_of,
+)
+from provisioner.models import Dependency, Resource
+
+# Resource.resolved key of the dead-letter target.
+DEAD_LETTER_ARN = "deadLetterArn"
+
+
+@dataclass(frozen=True)
+class QueueSpec:
+    queue_name: str | None = None
+    fifo: bool = False
+    visibility_timeout_seconds: int = 30
+    message_retention_seconds: int = 345600
+    delay_seconds: int = 0
+    dead_letter_queue_ref: str | None = None
+    max_receive_count: int = 5
+
+    @classmethod
+    def parse(cls, spec: Mapping[str, Any]) -> QueueSpec:
+        dead_letter = spec.get("deadLetter") or {}
+        ref = (dead_letter.get("queueRef") or {}).get("name")
+        return cls(
+            queue_name=spec.get("queueName") or None,
+            fifo=bool(spec.get("fifo", False)),
+            visibility_timeout_seconds=int(spec.get("visibilityTimeoutSeconds", 30)),
+            message_retention_seconds=int(spec.get("messageRetentionSeconds", 345600)),
+            delay_seconds=int(spec.get("delaySeconds", 0)),
+            dead_letter_queue_ref=ref or None,
+            max_receive_count=int(dead_letter.get("maxReceiveCount", 5)),
+        )
+
 
 # Mutable spec fields: (contract field, spec attribute, queue attribute).
 ATTRIBUTES = (
@@ -24,9 +63,7 @@ REDRIVE_FIELD = "spec.deadLetter"
 
 
 class SqsClient:
-    kind = "Queue"
     tags_on_create = True  # CreateQueue takes tags
-    generates_password = False
 
     def __init__(self, aws: Aws) -> None:
         self.aws = aws
@@ -57,7 +94,7 @@ class SqsClient:
                 "region": resource.region,
             },
             status={"queueUrl": url},
-            raw={"url": url, "attributes": attributes, "tags": tags},
+            client_state={"url": url, "attributes": attributes, "tags": tags},
         )
 
     def create(self, resource: Resource, secrets: dict[str, str]) -> None:
@@ -81,9 +118,9 @@ class SqsClient:
                 "QueueNameExists",
             )
 
-    def update(self, resource: Resource, observation: Observation) -> None:
-        sqs, raw = self._sqs(resource), observation.raw
-        changes = {d.field: d for d in _diffs(resource, raw["attributes"], raw["tags"])}
+    def update(self, resource: Resource, observation: Observation, diffs: list[FieldDiff]) -> None:
+        sqs, raw = self._sqs(resource), observation.client_state
+        changes = {d.field: d for d in diffs}
         tags = changes.pop("tags", None)
         key_of = {field: key for field, _, key in ATTRIBUTES}
         attributes = {key_of[f]: str(d.desired) for f, d in changes.items() if f in key_of}
@@ -103,15 +140,12 @@ class SqsClient:
         sqs = self._sqs(resource)
         try:
             url = (
-                observation.raw.get("url")
+                observation.client_state.get("url")
                 or self.aws.call(sqs.get_queue_url, QueueName=resource.external_name)["QueueUrl"]
             )
             self.aws.call(sqs.delete_queue, QueueUrl=url)
         except errors.NotFoundError:
             return
-
-    def set_password(self, resource: Resource, password: str) -> None:
-        raise NotImplementedError("an SQS queue has no password")
 
 
 def _redrive(resource: Resource) -> dict[str, Any] | None:
@@ -144,3 +178,46 @@ def _diffs(resource: Resource, attributes: dict[str, str], tags: dict[str, str])
     if observed_redrive != desired_redrive:
         diffs.append(FieldDiff(REDRIVE_FIELD, observed_redrive, desired_redrive))
     return diffs + tag_diffs(tags, resource.desired_tags)
+
+
+def dependencies(spec: QueueSpec) -> list[Dependency]:
+    if not spec.dead_letter_queue_ref:
+        return []
+    return [Dependency(DEAD_LETTER_ARN, "Queue", spec.dead_letter_queue_ref, "dead-letter Queue")]
+
+
+def list_queues(aws: Aws, region: str) -> Iterator[OwnedResource]:
+    sqs = aws.client("sqs", region)
+    for page in sqs.get_paginator("list_queues").paginate():
+        for url in page.get("QueueUrls", []):
+            try:
+                tags = aws.call(sqs.list_queue_tags, QueueUrl=url).get("Tags", {})
+            except errors.NotFoundError:
+                continue
+            yield OwnedResource(KIND.kind, url.rsplit("/", 1)[-1], tags)
+
+
+KIND = KindDescriptor(
+    kind="Queue",
+    plural="queues",
+    short_names=("sqsq",),
+    service="sqs",
+    parse_spec=QueueSpec.parse,
+    default_deletion_policy="Delete",
+    name_field="queueName",
+    derive_name=lambda namespace, name, uid, spec: naming.queue_name(
+        namespace, name, uid, fifo=spec.fifo
+    ),
+    client=SqsClient,
+    list_resources=list_queues,
+    dependencies=dependencies,
+    error_codes=ErrorCodes(
+        not_found=frozenset({"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"}),
+        conflict=frozenset(
+            {"QueueAlreadyExists", "QueueNameExists", "AWS.SimpleQueueService.QueueNameExists"}
+        ),
+        retryable=frozenset(
+            {"AWS.SimpleQueueService.QueueDeletedRecently", "QueueDeletedRecently"}
+        ),
+    ),
+)

@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 
+from provisioner import kinds
 from provisioner.cloud.aws import Aws, AwsSettings
+from provisioner.kinds import make_aws
 from provisioner.models import Resource
 
 START_DEADLINE_S = 30.0
@@ -72,7 +74,7 @@ def aws(moto_url: str) -> Iterator[Aws]:
     for key in UNSET:
         os.environ.pop(key, None)
     try:
-        yield Aws(AwsSettings(region="us-east-1", endpoint_url=moto_url))
+        yield make_aws(AwsSettings(region="us-east-1", endpoint_url=moto_url))
     finally:
         for key, value in saved.items():
             if value is None:
@@ -105,7 +107,7 @@ def build_resource(
         },
         "spec": raw_spec,
     }
-    return Resource.from_body(body, region=region, cluster_id="test-cluster")
+    return kinds.parse(body, region=region, cluster_id="test-cluster")
 
 
 @pytest.fixture

@@ -6,7 +6,8 @@ import botocore.exceptions
 import pytest
 
 from provisioner.cloud import errors
-from provisioner.cloud.aws import Aws, AwsSettings, classify
+from provisioner.cloud.aws import AwsSettings, classify
+from provisioner.kinds import ERROR_CODES, make_aws
 
 
 def client_error(
@@ -45,17 +46,20 @@ def client_error(
     ],
 )
 def test_classify(exc, expected, code):
-    classified = classify(exc)
+    classified = classify(exc, ERROR_CODES)
     assert type(classified) is expected
     assert classified.code == code
 
 
 def test_classify_keeps_the_clouds_message():
-    assert classify(client_error("AccessDenied", 403, "not allowed")).message == "not allowed"
+    assert (
+        classify(client_error("AccessDenied", 403, "not allowed"), ERROR_CODES).message
+        == "not allowed"
+    )
 
 
 def test_call_retries_throttling_then_succeeds():
-    aws = Aws(AwsSettings(region="us-east-1", max_wait=0.01))
+    aws = make_aws(AwsSettings(region="us-east-1", max_wait=0.01))
     attempts = []
 
     def flaky(value):
@@ -69,7 +73,7 @@ def test_call_retries_throttling_then_succeeds():
 
 
 def test_call_does_not_retry_terminal_errors():
-    aws = Aws(AwsSettings(region="us-east-1", max_wait=0.01))
+    aws = make_aws(AwsSettings(region="us-east-1", max_wait=0.01))
     attempts = []
 
     def refused():
@@ -82,7 +86,7 @@ def test_call_does_not_retry_terminal_errors():
 
 
 def test_call_gives_up_after_the_configured_attempts():
-    aws = Aws(AwsSettings(region="us-east-1", attempts=3, max_wait=0.01))
+    aws = make_aws(AwsSettings(region="us-east-1", attempts=3, max_wait=0.01))
     attempts = []
 
     def throttled():

@@ -9,6 +9,7 @@ import pytest
 from provisioner.cloud import errors
 from provisioner.cloud import s3 as s3_module
 from provisioner.cloud.aws import CALLS
+from provisioner.cloud.base import PasswordClient
 from provisioner.cloud.s3 import S3Client
 
 pytestmark = pytest.mark.cloud
@@ -52,7 +53,7 @@ def test_lifecycle(aws, s3, make_resource):
     }
     assert set(obs.connection) == CONNECTION_KEYS and obs.arn == f"arn:aws:s3:::{name}"
     assert obs.status == {}
-    assert obs.raw["config"] == {
+    assert obs.client_state["config"] == {
         "spec.versioning": False,
         "spec.encryption": "AES256",
         "spec.blockPublicAccess": True,
@@ -60,7 +61,7 @@ def test_lifecycle(aws, s3, make_resource):
     }
 
     before = CALLS.total()
-    s3.update(res, obs)  # up to date: no call at all
+    s3.update(res, obs, obs.diffs)  # up to date: no call at all
     assert CALLS.total() == before
 
     changed = replace(
@@ -82,20 +83,19 @@ def test_lifecycle(aws, s3, make_resource):
         "spec.lifecycle.expireAfterDays",
         "tags",
     }
-    s3.update(changed, obs)
+    s3.update(changed, obs, obs.diffs)
     assert s3.observe(changed).diffs == []
     assert _raw_tags(aws, name) == changed.desired_tags
 
     # Back: versioning suspended, lifecycle removed, public access blocked again.
     obs = s3.observe(res)
     assert len(obs.diffs) == 5
-    s3.update(res, obs)
+    s3.update(res, obs, obs.diffs)
     assert s3.observe(res).diffs == []
     versioning = aws.client("s3").get_bucket_versioning(Bucket=name)
     assert versioning["Status"] == "Suspended"
 
-    with pytest.raises(NotImplementedError):
-        s3.set_password(res, "x")
+    assert not isinstance(s3, PasswordClient)  # no password capability
 
     s3.delete(res, obs)
     assert s3.observe(res).exists is False

@@ -8,8 +8,8 @@ import pytest
 
 from provisioner.cloud import errors
 from provisioner.cloud.aws import CALLS
-from provisioner.cloud.sqs import SqsClient
-from provisioner.models import DEAD_LETTER_ARN
+from provisioner.cloud.base import PasswordClient
+from provisioner.cloud.sqs import DEAD_LETTER_ARN, SqsClient
 
 pytestmark = pytest.mark.cloud
 
@@ -43,7 +43,7 @@ def test_lifecycle(aws, sqs, make_resource):
     assert obs.status == {"queueUrl": url}
 
     before = CALLS.total()
-    sqs.update(res, obs)  # up to date: no call at all
+    sqs.update(res, obs, obs.diffs)  # up to date: no call at all
     assert CALLS.total() == before
 
     changed = replace(
@@ -60,12 +60,11 @@ def test_lifecycle(aws, sqs, make_resource):
         "spec.delaySeconds",
         "tags",
     }
-    sqs.update(changed, obs)
+    sqs.update(changed, obs, obs.diffs)
     assert sqs.observe(changed).diffs == []
     assert _raw_tags(aws, url) == changed.desired_tags  # "team" removed, "env" added
 
-    with pytest.raises(NotImplementedError):
-        sqs.set_password(res, "x")
+    assert not isinstance(sqs, PasswordClient)  # no password capability
 
     sqs.delete(changed, obs)
     assert sqs.observe(changed).exists is False
@@ -78,7 +77,7 @@ def test_fifo_queue(sqs, make_resource):
     sqs.create(res, {})
     obs = sqs.observe(res)
     assert obs.owned_by(res) and obs.diffs == []
-    assert obs.raw["attributes"]["FifoQueue"] == "true"
+    assert obs.client_state["attributes"]["FifoQueue"] == "true"
     sqs.delete(res, obs)
 
 
@@ -99,17 +98,18 @@ def test_dead_letter_redrive_set_changed_and_removed(sqs, make_resource):
     assert [
         (d.field, d.observed["maxReceiveCount"], d.desired["maxReceiveCount"]) for d in obs.diffs
     ] == [("spec.deadLetter", 3, 7)]
-    sqs.update(more, obs)
+    sqs.update(more, obs, obs.diffs)
     assert sqs.observe(more).diffs == []
 
     unlinked = replace(more, resolved={})  # no dead letter target wanted any more
     obs = sqs.observe(unlinked)
     assert [(d.field, d.desired) for d in obs.diffs] == [("spec.deadLetter", None)]
-    sqs.update(unlinked, obs)
+    sqs.update(unlinked, obs, obs.diffs)
     obs = sqs.observe(unlinked)
-    assert obs.diffs == [] and "RedrivePolicy" not in obs.raw["attributes"]
+    assert obs.diffs == [] and "RedrivePolicy" not in obs.client_state["attributes"]
 
-    sqs.update(more, obs)  # and set again on an existing queue
+    obs = sqs.observe(more)
+    sqs.update(more, obs, obs.diffs)  # and set again on an existing queue
     assert sqs.observe(more).diffs == []
 
 

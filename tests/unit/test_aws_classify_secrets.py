@@ -7,9 +7,11 @@ from typing import Any
 import botocore.exceptions
 import pytest
 
+from provisioner import kinds
 from provisioner.cloud import errors
 from provisioner.cloud.aws import Aws, AwsSettings, classify
 from provisioner.cloud.s3 import S3Client
+from provisioner.kinds import ERROR_CODES
 from provisioner.models import Resource
 
 SECRET = "s3cr3tP4ss"
@@ -33,7 +35,7 @@ def test_param_validation_hides_the_value_but_names_the_parameter():
             "type: <class 'int'>, valid types: <class 'str'>"
         )
     )
-    classified = classify(exc)
+    classified = classify(exc, ERROR_CODES)
     assert type(classified) is errors.TerminalError
     assert classified.code == "ParamValidation"
     for text in (str(classified), classified.message, *map(str, classified.args)):
@@ -52,7 +54,7 @@ def test_param_validation_multi_line_report_hides_every_value():
             'Unknown parameter in input: "Bogus", must be one of: DBInstanceIdentifier',
         ]
     )
-    classified = classify(botocore.exceptions.ParamValidationError(report=report))
+    classified = classify(botocore.exceptions.ParamValidationError(report=report), ERROR_CODES)
     text = str(classified)
     assert SECRET not in text
     for name in ("MasterUserPassword", "MasterUsername", "Port", "Bogus"):
@@ -72,7 +74,7 @@ def test_param_validation_from_botocores_own_validator():
     assert report.has_errors()
     raw = report.generate_report()
     assert "31337424242" in raw  # botocore does quote it
-    classified = classify(botocore.exceptions.ParamValidationError(report=raw))
+    classified = classify(botocore.exceptions.ParamValidationError(report=raw), ERROR_CODES)
     assert "31337424242" not in str(classified)
     assert "MasterUserPassword" in str(classified)
 
@@ -81,14 +83,16 @@ def test_param_validation_from_botocores_own_validator():
 
 
 def test_bucket_not_empty_409_is_not_a_name_conflict():
-    classified = classify(client_error("BucketNotEmpty", 409, "The bucket is not empty"))
+    classified = classify(
+        client_error("BucketNotEmpty", 409, "The bucket is not empty"), ERROR_CODES
+    )
     assert not isinstance(classified, errors.ConflictError)
     assert isinstance(classified, errors.CloudError)
     assert classified.code == "BucketNotEmpty"
 
 
 def test_bucket_already_exists_409_is_a_name_conflict():
-    classified = classify(client_error("BucketAlreadyExists", 409))
+    classified = classify(client_error("BucketAlreadyExists", 409), ERROR_CODES)
     assert isinstance(classified, errors.ConflictError)
 
 
@@ -120,6 +124,7 @@ class FakeAws:
 
     def __init__(self, s3: FakeS3) -> None:
         self.settings = AwsSettings(region="eu-west-1", attempts=1, max_wait=0.0)
+        self.codes = ERROR_CODES
         self.s3 = s3
 
     def client(self, service: str, region: str | None = None) -> Any:
@@ -132,7 +137,7 @@ def bucket() -> Resource:
         "metadata": {"namespace": "ns", "name": "b", "uid": "uid-1"},
         "spec": {"bucketName": "my-bucket"},
     }
-    return Resource.from_body(body, region="eu-west-1", cluster_id="c")
+    return kinds.parse(body, region="eu-west-1", cluster_id="c")
 
 
 def test_s3_delete_race_with_new_objects_is_retryable():

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from provisioner import naming
+from provisioner import kinds, naming
+from provisioner.cloud.rds import DatabaseSpec
+from provisioner.cloud.s3 import BucketSpec
+from provisioner.cloud.sqs import QueueSpec
 from provisioner.models import (
     CLUSTER_TAG,
     NAME_TAG,
     NAMESPACE_TAG,
     OWNER_UID_TAG,
     OWNERSHIP_TAG_KEYS,
-    BucketSpec,
-    DatabaseSpec,
-    QueueSpec,
-    Resource,
 )
 
 UID = "6f1c2a4e-0d2b-4c1e-9a7f-3b5d8e9f0a1b"
@@ -34,7 +33,7 @@ def body(kind, spec=None, **meta):
 
 
 def parse(b, region="us-west-2", cluster_id="prod"):
-    return Resource.from_body(b, region=region, cluster_id=cluster_id)
+    return kinds.parse(b, region=region, cluster_id=cluster_id)
 
 
 @pytest.mark.parametrize(
@@ -214,17 +213,12 @@ def test_external_name_database_is_derived():
 
 def test_external_name_depends_on_uid():
     a = parse(body("S3Bucket", {}))
-    b = Resource.from_body(
-        {
-            **body("S3Bucket", {}),
-            "metadata": {"namespace": "team-a", "name": "orders", "uid": "u2"},
-        },
-        region="us-west-2",
-        cluster_id="prod",
+    b = parse(
+        {**body("S3Bucket", {}), "metadata": {"namespace": "team-a", "name": "orders", "uid": "u2"}}
     )
     assert a.external_name != b.external_name
 
 
 def test_unknown_kind_raises():
-    with pytest.raises(KeyError):
-        parse(body("Topic", {}))
+    with pytest.raises(ValueError, match="unknown kind 'Widget'"):
+        parse(body("Widget", {}))

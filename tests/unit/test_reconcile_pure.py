@@ -7,8 +7,7 @@ import random
 import pytest
 
 from provisioner import conditions as cond
-from provisioner import reconcile
-from provisioner.models import Resource
+from provisioner import kinds, reconcile
 from provisioner.reconcile import Reconciler, backoff
 
 UID = "6f1c2a4e-0d2b-4c1e-9a7f-3b5d8e9f0a1b"
@@ -85,7 +84,7 @@ def resource(generation=3, status=None):
         "spec": {},
         "status": status or {},
     }
-    return Resource.from_body(body, region="us-east-1", cluster_id="c")
+    return kinds.parse(body, region="us-east-1", cluster_id="c")
 
 
 def synced(status, reason, gen):

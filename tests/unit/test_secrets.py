@@ -1,4 +1,4 @@
-"""provisioner.secrets: passwords, URIs, the Secret body, and when to (re)write it."""
+"""provisioner.connection_secret: passwords, URIs, the Secret body, and when to (re)write it."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from provisioner import API_VERSION, secrets
-from provisioner.models import Resource
+from provisioner import API_VERSION, kinds
+from provisioner import connection_secret as secrets
 
 UID = "6f1c2a4e-0d2b-4c1e-9a7f-3b5d8e9f0a1b"
 
@@ -29,7 +29,7 @@ def make_resource(kind="DatabaseInstance", uid=UID, secret_ref=None):
         "metadata": {"namespace": "team-a", "name": "orders", "uid": uid, "generation": 2},
         "spec": spec,
     }
-    return Resource.from_body(body, region="eu-west-1", cluster_id="c1")
+    return kinds.parse(body, region="eu-west-1", cluster_id="c1")
 
 
 DATA = {"host": "db.example", "port": "5432", "username": "app", "password": "pw123"}
