@@ -57,26 +57,43 @@ Checks that fail the render with a message instead of shipping something that ca
 The permissions the operator needs on its custom resources and on what it writes next to
 them, in the watched namespaces (all of them through a ClusterRole, or a Role in each).
 */}}
+{{/*
+The plurals of the operator's kinds, read from the chart's own CRDs (crds/), so that a new
+kind's CRD is all the RBAC needs: "databaseinstances, queues, s3buckets, ...".
+*/}}
+{{- define "provisioner.kindPlurals" -}}
+{{- $plurals := list }}
+{{- range $path, $_ := .Files.Glob "crds/*.yaml" }}
+{{- $crd := $.Files.Get $path | fromYaml }}
+{{- if eq $crd.spec.group "cloud.provisioner.dev" }}
+{{- $plurals = append $plurals $crd.spec.names.plural }}
+{{- end }}
+{{- end }}
+{{- sortAlpha $plurals | join ", " }}
+{{- end }}
+
 {{- define "provisioner.namespacedRules" -}}
-# kopf watches the three kinds (list + watch) and merge-patches them: its finalizer in
+{{- $plurals := splitList ", " (include "provisioner.kindPlurals" .) }}
+# kopf watches every kind (list + watch) and merge-patches them: its finalizer in
 # metadata.finalizers while a resource exists in the cloud.
 - apiGroups: [cloud.provisioner.dev]
-  resources: [databaseinstances, s3buckets, queues]
+  resources: [{{ join ", " $plurals }}]
   verbs: [list, watch, patch]
-# The operator reads one resource by name: the Queue named by a Queue's
-# spec.deadLetter.queueRef, and each resource's current body at its periodic resync.
+# The operator reads one resource by name: the resource another one depends on (a Queue's
+# dead-letter target or the Topics it subscribes to), and each resource's current body at
+# its periodic resync.
 - apiGroups: [cloud.provisioner.dev]
-  resources: [databaseinstances, s3buckets, queues]
+  resources: [{{ join ", " $plurals }}]
   verbs: [get]
 # Conditions, observedGeneration and kopf's progress are written to the status subresource.
 - apiGroups: [cloud.provisioner.dev]
-  resources: [databaseinstances/status, s3buckets/status, queues/status]
+  resources: [{{ range $i, $p := $plurals }}{{ if $i }}, {{ end }}{{ $p }}/status{{ end }}]
   verbs: [patch]
 # Connection Secrets are owned by their CR with blockOwnerDeletion: true, which clusters with
 # the OwnerReferencesPermissionEnforcement admission plugin allow only to whoever may update
 # the owner's finalizers.
 - apiGroups: [cloud.provisioner.dev]
-  resources: [databaseinstances/finalizers, s3buckets/finalizers, queues/finalizers]
+  resources: [{{ range $i, $p := $plurals }}{{ if $i }}, {{ end }}{{ $p }}/finalizers{{ end }}]
   verbs: [update]
 # Connection Secrets: read one by name, create it, replace it when its content changes,
 # delete it when the CR goes. No list or watch: the operator never enumerates Secrets.
