@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from provisioner.cloud import rds, s3, sqs
+from provisioner.cloud import rds, s3, sns, sqs
 from provisioner.cloud.aws import Aws, AwsSettings, merge_codes
 from provisioner.cloud.base import ExternalClient, KindDescriptor
 from provisioner.models import Resource
 
-KINDS: tuple[KindDescriptor, ...] = (rds.KIND, s3.KIND, sqs.KIND)
+KINDS: tuple[KindDescriptor, ...] = (rds.KIND, s3.KIND, sqs.KIND, sns.KIND)
 
 BY_KIND: Mapping[str, KindDescriptor] = {k.kind: k for k in KINDS}
 BY_PLURAL: Mapping[str, KindDescriptor] = {k.plural: k for k in KINDS}

@@ -316,7 +316,7 @@ class Reconciler:
             obs = await self._create(resource, client, resync, events)
             if not obs.exists:
                 return self._creating(resource, retry, events)
-        elif obs.diffs and obs.available:
+        if obs.diffs and obs.available:
             obs = await self._apply_changes(resource, client, obs, requested, conditions, events)
         elif obs.available and cond.is_true(resource.status, cond.DRIFTED):
             conditions.append(cond.Condition(cond.DRIFTED, False, cond.NO_DRIFT))

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from provisioner import naming
-from provisioner.cloud import errors, tag_changes, tag_diffs
+from provisioner.cloud import errors, subscriptions, tag_changes, tag_diffs
 from provisioner.cloud.aws import Aws
 from provisioner.cloud.base import (
     ErrorCodes,
@@ -37,6 +37,7 @@ class QueueSpec:
     delay_seconds: int = 0
     dead_letter_queue_ref: str | None = None
     max_receive_count: int = 5
+    subscribe_to: tuple[subscriptions.Subscription, ...] = ()
 
     @classmethod
     def parse(cls, spec: Mapping[str, Any]) -> QueueSpec:
@@ -50,6 +51,7 @@ class QueueSpec:
             delay_seconds=int(spec.get("delaySeconds", 0)),
             dead_letter_queue_ref=ref or None,
             max_receive_count=int(dead_letter.get("maxReceiveCount", 5)),
+            subscribe_to=subscriptions.parse(spec),
         )
 
 
@@ -81,12 +83,14 @@ class SqsClient:
             return Observation(exists=False)
         attributes = attrs.get("Attributes") or {}
         arn = attributes.get("QueueArn", "")
+        wanted = subscriptions.desired(resource.spec.subscribe_to, resource.resolved)
+        subscribed = subscriptions.observe(self.aws, arn, attributes.get("Policy"), wanted)
         return Observation(
             exists=True,
             owner_uid=owner_of(tags),
             state="available",
             arn=arn,
-            diffs=_diffs(resource, attributes, tags),
+            diffs=_diffs(resource, attributes, tags) + subscriptions.diffs(subscribed, wanted),
             connection={
                 "queueUrl": url,
                 "queueArn": arn,
@@ -94,7 +98,12 @@ class SqsClient:
                 "region": resource.region,
             },
             status={"queueUrl": url},
-            client_state={"url": url, "attributes": attributes, "tags": tags},
+            client_state={
+                "url": url,
+                "attributes": attributes,
+                "tags": tags,
+                "subscriptions": subscribed,
+            },
         )
 
     def create(self, resource: Resource, secrets: dict[str, str]) -> None:
@@ -129,6 +138,16 @@ class SqsClient:
             attributes["RedrivePolicy"] = json.dumps(policy) if policy else ""
         if attributes:
             self.aws.call(sqs.set_queue_attributes, QueueUrl=raw["url"], Attributes=attributes)
+        if subscriptions.FIELD in changes:
+            subscriptions.apply(
+                self.aws,
+                sqs,
+                raw["url"],
+                raw["attributes"].get("QueueArn", ""),
+                raw["attributes"].get("Policy"),
+                raw["subscriptions"],
+                subscriptions.desired(resource.spec.subscribe_to, resource.resolved),
+            )
         if tags is not None:
             to_set, to_remove = tag_changes(raw["tags"], tags.desired)
             if to_set:
@@ -138,6 +157,9 @@ class SqsClient:
 
     def delete(self, resource: Resource, observation: Observation) -> None:
         sqs = self._sqs(resource)
+        # A subscription outlives its queue in SNS: remove ours first.
+        subscribed = observation.client_state.get("subscriptions") or {}
+        subscriptions.unsubscribe(self.aws, subscribed.get("subscriptions") or {})
         try:
             url = (
                 observation.client_state.get("url")
@@ -181,9 +203,12 @@ def _diffs(resource: Resource, attributes: dict[str, str], tags: dict[str, str])
 
 
 def dependencies(spec: QueueSpec) -> list[Dependency]:
-    if not spec.dead_letter_queue_ref:
-        return []
-    return [Dependency(DEAD_LETTER_ARN, "Queue", spec.dead_letter_queue_ref, "dead-letter Queue")]
+    """The dead-letter target and the Topics subscribed to: all must be Ready first."""
+    needed = [Dependency(s.key, "Topic", s.topic_ref, "Topic") for s in spec.subscribe_to]
+    if spec.dead_letter_queue_ref:
+        target = spec.dead_letter_queue_ref
+        needed.insert(0, Dependency(DEAD_LETTER_ARN, "Queue", target, "dead-letter Queue"))
+    return needed
 
 
 def list_queues(aws: Aws, region: str) -> Iterator[OwnedResource]:

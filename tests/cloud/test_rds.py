@@ -10,7 +10,7 @@ import pytest
 from provisioner.cloud import errors
 from provisioner.cloud.aws import CALLS
 from provisioner.cloud.rds import RdsClient
-from provisioner.kinds import make_clients
+from provisioner.kinds import KINDS, make_clients
 
 pytestmark = pytest.mark.cloud
 
@@ -44,8 +44,8 @@ def _final_snapshots(aws, identifier):
 
 def test_make_clients_keys_every_kind(aws):
     clients = make_clients(aws)
-    assert set(clients) == {"DatabaseInstance", "S3Bucket", "Queue"}
-    assert set(clients) == {"DatabaseInstance", "S3Bucket", "Queue"}
+    assert set(clients) == {k.kind for k in KINDS}
+    assert set(clients) == {k.kind for k in KINDS}
 
 
 def test_lifecycle(aws, rds, make_resource):

@@ -1,0 +1,177 @@
+"""Topic: one SNS topic named `resource.external_name`.
+
+An SNS topic's ARN is `arn:aws:sns:<region>:<account>:<name>`; the account is the one the
+operator's credentials act in (asked of STS once per region and remembered), so a topic is
+observed by its ARN without listing every topic.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from provisioner import naming
+from provisioner.cloud import errors, tag_changes, tag_diffs
+from provisioner.cloud.aws import Aws
+from provisioner.cloud.base import (
+    ErrorCodes,
+    FieldDiff,
+    KindDescriptor,
+    Observation,
+    OwnedResource,
+    owner_of,
+)
+from provisioner.models import Resource
+
+DISPLAY_NAME_FIELD = "spec.displayName"
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    topic_name: str | None = None
+    fifo: bool = False
+    display_name: str = ""
+
+    @classmethod
+    def parse(cls, spec: Mapping[str, Any]) -> TopicSpec:
+        return cls(
+            topic_name=spec.get("topicName") or None,
+            fifo=bool(spec.get("fifo", False)),
+            display_name=str(spec.get("displayName") or ""),
+        )
+
+
+class SnsClient:
+    tags_on_create = True  # CreateTopic takes tags
+
+    def __init__(self, aws: Aws) -> None:
+        self.aws = aws
+        self._accounts: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def _sns(self, resource: Resource) -> Any:
+        return self.aws.client("sns", resource.region)
+
+    def topic_arn(self, resource: Resource) -> str:
+        account = self._account(resource.region)
+        return f"arn:aws:sns:{resource.region}:{account}:{resource.external_name}"
+
+    def _account(self, region: str) -> str:
+        with self._lock:
+            if region in self._accounts:
+                return self._accounts[region]
+        sts = self.aws.client("sts", region)
+        account = str(self.aws.call(sts.get_caller_identity)["Account"])
+        with self._lock:
+            self._accounts[region] = account
+        return account
+
+    def observe(self, resource: Resource) -> Observation:
+        sns, arn = self._sns(resource), self.topic_arn(resource)
+        try:
+            attributes = self.aws.call(sns.get_topic_attributes, TopicArn=arn)["Attributes"]
+            tags = _tags(self.aws.call(sns.list_tags_for_resource, ResourceArn=arn))
+        except errors.NotFoundError:
+            return Observation(exists=False)
+        return Observation(
+            exists=True,
+            owner_uid=owner_of(tags),
+            state="available",
+            arn=arn,
+            diffs=_diffs(resource, attributes, tags),
+            connection={
+                "topicArn": arn,
+                "topicName": resource.external_name,
+                "region": resource.region,
+            },
+            client_state={"tags": tags},
+        )
+
+    def create(self, resource: Resource, secrets: dict[str, str]) -> None:
+        spec, sns = resource.spec, self._sns(resource)
+        attributes = {"DisplayName": spec.display_name}
+        if spec.fifo:
+            attributes["FifoTopic"] = "true"
+        arn = self.aws.call(
+            sns.create_topic,
+            Name=resource.external_name,
+            Attributes=attributes,
+            Tags=[{"Key": k, "Value": v} for k, v in resource.desired_tags.items()],
+        )["TopicArn"]
+        # CreateTopic answers with the existing topic of that name: ours only if tagged so.
+        tags = _tags(self.aws.call(sns.list_tags_for_resource, ResourceArn=arn))
+        if owner_of(tags) != resource.uid:
+            raise errors.ConflictError(
+                f"topic {resource.external_name} already exists and is not owned by {resource.ref}",
+                "TopicAlreadyExists",
+            )
+
+    def update(self, resource: Resource, observation: Observation, diffs: list[FieldDiff]) -> None:
+        sns, arn = self._sns(resource), observation.arn
+        for diff in diffs:
+            if diff.field == DISPLAY_NAME_FIELD:
+                self.aws.call(
+                    sns.set_topic_attributes,
+                    TopicArn=arn,
+                    AttributeName="DisplayName",
+                    AttributeValue=str(diff.desired),
+                )
+            elif diff.field == "tags":
+                to_set, to_remove = tag_changes(observation.client_state["tags"], diff.desired)
+                if to_set:
+                    pairs = [{"Key": k, "Value": v} for k, v in to_set.items()]
+                    self.aws.call(sns.tag_resource, ResourceArn=arn, Tags=pairs)
+                if to_remove:
+                    self.aws.call(sns.untag_resource, ResourceArn=arn, TagKeys=to_remove)
+
+    def delete(self, resource: Resource, observation: Observation) -> None:
+        # DeleteTopic succeeds for a topic that is already gone; its subscriptions go with it.
+        self.aws.call(self._sns(resource).delete_topic, TopicArn=observation.arn)
+
+
+def _tags(answer: dict[str, Any]) -> dict[str, str]:
+    return {tag["Key"]: tag["Value"] for tag in answer.get("Tags") or []}
+
+
+def _diffs(resource: Resource, attributes: dict[str, str], tags: dict[str, str]) -> list[FieldDiff]:
+    diffs = []
+    observed = attributes.get("DisplayName", "")
+    if observed != resource.spec.display_name:
+        diffs.append(FieldDiff(DISPLAY_NAME_FIELD, observed, resource.spec.display_name))
+    return diffs + tag_diffs(tags, resource.desired_tags)
+
+
+def list_topics(aws: Aws, region: str) -> Iterator[OwnedResource]:
+    sns = aws.client("sns", region)
+    for page in sns.get_paginator("list_topics").paginate():
+        for topic in page.get("Topics", []):
+            arn = topic["TopicArn"]
+            try:
+                tags = _tags(aws.call(sns.list_tags_for_resource, ResourceArn=arn))
+            except errors.NotFoundError:
+                continue
+            yield OwnedResource(KIND.kind, arn.rsplit(":", 1)[-1], tags)
+
+
+KIND = KindDescriptor(
+    kind="Topic",
+    plural="topics",
+    short_names=("snst",),
+    service="sns",
+    parse_spec=TopicSpec.parse,
+    default_deletion_policy="Delete",
+    name_field="topicName",
+    # SNS allows 256 characters of the same alphabet as SQS; the queue's shorter rule keeps
+    # the two kinds' derived names alike.
+    derive_name=lambda namespace, name, uid, spec: naming.queue_name(
+        namespace, name, uid, fifo=spec.fifo
+    ),
+    client=SnsClient,
+    list_resources=list_topics,
+    error_codes=ErrorCodes(
+        not_found=frozenset({"NotFoundException"}),
+        retryable=frozenset({"Throttled", "ConcurrentAccess", "ConcurrentAccessException"}),
+    ),
+)
