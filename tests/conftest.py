@@ -238,6 +238,7 @@ def aws(cluster: Cluster) -> AwsClients:
         s3=session.client("s3", endpoint_url=cluster.moto.url),
         sqs=session.client("sqs", endpoint_url=cluster.moto.url),
         rds=session.client("rds", endpoint_url=cluster.moto.url),
+        sns=session.client("sns", endpoint_url=cluster.moto.url),
     )
 
 
@@ -246,3 +247,4 @@ class AwsClients:
     s3: object
     sqs: object
     rds: object
+    sns: object

@@ -194,7 +194,9 @@ def test_exact_rules(helm, replicas):
         for resource in rule["resources"]
         for verb in rule["verbs"]
     }
-    crs = ("databaseinstances", "s3buckets", "queues")
+    from provisioner.kinds import KINDS
+
+    crs = [k.plural for k in KINDS]
     expected = {
         ("cloud.provisioner.dev", cr, v) for cr in crs for v in ("get", "list", "watch", "patch")
     }
@@ -328,3 +330,37 @@ def test_credentials_from_a_secret_or_irsa(helm):
 def test_refused_values(helm, sets, message):
     result = render(helm, *sets, check=False)
     assert result.returncode != 0 and message in result.stderr, result.stderr
+
+
+def test_every_registered_kind_has_its_crd_and_rbac():
+    """The registry, the CRDs and the shipped RBAC name the same kinds: a kind added to
+    provisioner.kinds without its CRD (or the other way round) fails here, and the chart's
+    RBAC lists come from the CRDs it carries."""
+    from provisioner.kinds import KINDS
+
+    crds = {}
+    for path in (ROOT / "crds").glob("*.yaml"):
+        crd = yaml.safe_load(path.read_text())
+        crds[crd["spec"]["names"]["kind"]] = crd["spec"]["names"]
+    assert set(crds) == {k.kind for k in KINDS}
+    for kind in KINDS:
+        names = crds[kind.kind]
+        assert names["plural"] == kind.plural
+        assert tuple(names["shortNames"]) == kind.short_names
+        assert names["categories"] == ["cloud"]
+
+    plurals = sorted(k.plural for k in KINDS)
+    role = next(
+        doc
+        for doc in yaml.safe_load_all(RENDERED.read_text())
+        if doc and doc.get("kind") == "ClusterRole"
+    )
+    ours = [r for r in role["rules"] if r.get("apiGroups") == ["cloud.provisioner.dev"]]
+    assert sorted(r["resources"] for r in ours) == sorted(
+        [
+            plurals,
+            plurals,
+            [f"{p}/status" for p in plurals],
+            [f"{p}/finalizers" for p in plurals],
+        ]
+    )
