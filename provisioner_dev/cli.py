@@ -33,6 +33,8 @@ def cmd_dev_up(args: argparse.Namespace) -> int:
     print(f"kubeconfig:    {state['kubeconfig']}")
     print("environment:   source .dev/env")
     print(f"processes:     {', '.join(f'{k}={v}' for k, v in state['pids'].items())}")
+    if "operator" not in state["pids"]:
+        print("operator:      not started (--no-operator); run your own: provisioner run")
     return 0
 
 
@@ -48,22 +50,31 @@ def cmd_dev_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_dev_status(args: argparse.Namespace) -> int:
-    from provisioner_dev.processes import alive
-
+    """Exit 0 when everything `dev up` started runs (the operator too, unless --no-operator)."""
     stack = _dev_stack()
     state = stack.load()
     if not state:
         print("not running (no .dev/state.json)")
         return 1
-    running = stack.running(state)
-    for name, pid in state["pids"].items():
-        print(f"{name:24} pid {pid:<8} {'running' if alive(pid) else 'DEAD'}")
-    print(
-        f"apiserver {state['controlplane']['apiserver_url']}: {'ready' if running else 'NOT READY'}"
-    )
+    for name, proc in state["processes"].items():
+        print(f"{name:24} pid {proc['pid']:<8} {'running' if stack.is_alive(proc) else 'DEAD'}")
+    operator = stack.operator(state)
+    if operator == "not started":
+        print(f"{'operator':24} not started (--no-operator)")
+    problems = stack.dead(state)
+    if problems:
+        print(
+            f"NOT RUNNING: {'; '.join(problems)}; "
+            "`provisioner dev up` starts over with a new control plane and moto"
+        )
+    else:
+        print(f"apiserver {state['controlplane']['apiserver_url']}: ready")
+        print(f"moto      {state['moto_url']}: ready")
+        if operator == "dead":
+            print("`provisioner dev up` starts the operator again and keeps the rest")
     if args.json:
         print(json.dumps(state, indent=2))
-    return 0 if running else 1
+    return 1 if problems or operator == "dead" else 0
 
 
 def cmd_dev_down(args: argparse.Namespace) -> int:
@@ -86,8 +97,15 @@ def cmd_dev_build(args: argparse.Namespace) -> int:
 def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     dev = sub.add_parser("dev", help="a local control plane, moto and the operator")
     dev_sub = dev.add_subparsers(dest="dev_command", required=True)
-    up = dev_sub.add_parser("up", help="start everything (idempotent)")
-    up.add_argument("--no-operator", action="store_true", help="do not start the operator")
+    up = dev_sub.add_parser(
+        "up",
+        help="start what is not running; keeps a running control plane and moto (idempotent)",
+    )
+    up.add_argument(
+        "--no-operator",
+        action="store_true",
+        help="no operator (one that an earlier `dev up` started is stopped): run your own",
+    )
     up.set_defaults(func=cmd_dev_up)
     dev_sub.add_parser("demo", help="up, apply examples/, show them Ready").set_defaults(
         func=cmd_dev_demo

@@ -53,6 +53,25 @@ def alive(pid: int) -> bool:
     return True
 
 
+def start_time(pid: int) -> int | None:
+    """When `pid` started (clock ticks since boot): with the pid, names one process for good.
+
+    A pid alone may be reused by an unrelated process once its owner died.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def same_alive(pid: int, started: int | None) -> bool:
+    """`pid` is alive and is still the process that started at `started` (when known)."""
+    if not alive(pid):
+        return False
+    return started is None or start_time(pid) in (None, started)
+
+
 def stop(pid: int, timeout: float = 10.0) -> None:
     """SIGTERM the process group, SIGKILL what is left after `timeout`, reap if ours."""
     for sig in (signal.SIGTERM, signal.SIGKILL):

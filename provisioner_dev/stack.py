@@ -1,8 +1,9 @@
 """The whole local setup: control plane, moto's server, CRDs and the operator.
 
 `provisioner dev up` keeps its state in `.dev/` (git-ignored) and its data in a
-temporary directory; `dev down` stops everything and removes both. A `.dev/` left
-by a dead run is detected and cleaned by the next `dev up`.
+temporary directory; `dev down` stops everything and removes both. A second `dev up`
+restarts only what is not running: a dead operator is started again against the same
+control plane and moto; only a dead control plane or moto makes it start over.
 """
 
 from __future__ import annotations
@@ -21,11 +22,20 @@ from pathlib import Path
 
 from provisioner_dev import binaries
 from provisioner_dev.controlplane import ControlPlane, ControlPlaneState, healthy
-from provisioner_dev.processes import LoopbackService, alive, free_port, stop
+from provisioner_dev.processes import (
+    LoopbackService,
+    StartError,
+    free_port,
+    same_alive,
+    start_time,
+    stop,
+    wait_until,
+)
 
 REPO_ROOT = binaries.REPO_ROOT
 CRD_DIR = REPO_ROOT / "crds"
 DEV_REGION = "us-east-1"
+DEV_CLUSTER_ID = "dev"
 DEV_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 
 
@@ -148,7 +158,7 @@ class OperatorProcess(LoopbackService):
         self.port = free_port()
         env = dict(os.environ, KUBECONFIG=self.kubeconfig, **aws_env(self.endpoint_url))
         env.update(self.extra_env)
-        env.setdefault("PROVISIONER_CLUSTER_ID", "dev")
+        env.setdefault("PROVISIONER_CLUSTER_ID", DEV_CLUSTER_ID)
         self.launch(
             [
                 sys.executable,
@@ -168,8 +178,38 @@ class OperatorProcess(LoopbackService):
         super().stop(kill=kill, timeout=timeout)
 
 
+# The processes of a dev environment, by the part they play. The control plane and moto
+# hold its data (CRs, Secrets, cloud resources): when one of them dies that data is gone and
+# `dev up` starts over. The operator holds none: `dev up` restarts it alone.
+CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager")
+MOTO = "moto"
+OPERATOR = "operator"
+STATE_VERSION = 2
+
+
+def _part(name: str) -> str:
+    return "control plane" if name in CONTROL_PLANE else name
+
+
+def _record(name: str, pid: int, log: Path) -> dict:
+    return {"pid": pid, "start_time": start_time(pid), "part": _part(name), "log": str(log)}
+
+
+def _join(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def _note(message: str) -> None:
+    print(f"provisioner: {message}", file=sys.stderr)
+
+
 class DevStack:
-    """The state behind `provisioner dev up/status/down`, kept in `.dev/`."""
+    """The state behind `provisioner dev up/status/down`, kept in `.dev/`.
+
+    `state.json` names every process it started (pid, start time, part it plays, log),
+    so that `dev up` can tell a dead operator (restart it, keep the rest) from a dead
+    control plane or moto (start over), and never mistakes a reused pid for ours.
+    """
 
     def __init__(self, dev_dir: Path) -> None:
         self.dev_dir = dev_dir
@@ -177,39 +217,98 @@ class DevStack:
 
     def load(self) -> dict | None:
         try:
-            return json.loads(self.state_file.read_text())
+            state = json.loads(self.state_file.read_text())
         except (OSError, ValueError):
             return None
+        if not isinstance(state, dict):
+            return None
+        if "processes" not in state:  # written before processes were recorded by part
+            state["processes"] = {
+                name: {"pid": pid, "start_time": None, "part": _part(name)}
+                for name, pid in state.get("pids", {}).items()
+            }
+            state["with_operator"] = OPERATOR in state["processes"]
+        return state
+
+    def save(self, state: dict) -> None:
+        state["pids"] = {name: proc["pid"] for name, proc in state["processes"].items()}
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(self.state_file)
+
+    @staticmethod
+    def is_alive(proc: dict) -> bool:
+        return same_alive(proc["pid"], proc.get("start_time"))
+
+    def dead(self, state: dict, wait: float = 0.0) -> list[str]:
+        """What is wrong with the control plane and moto: empty when both run and answer.
+
+        A live API server or moto that does not answer is given up to `wait` seconds.
+        """
+        processes = state.get("processes", {})
+        missing = [name for name in (*CONTROL_PLANE, MOTO) if name not in processes]
+        if missing or "controlplane" not in state or "moto_url" not in state:
+            return [f"{self.state_file} is incomplete ({_join(missing or ['URLs'])} missing)"]
+        gone = [
+            name
+            for name, proc in processes.items()
+            if proc["part"] != OPERATOR and not self.is_alive(proc)
+        ]
+        if gone:
+            return [f"{_join(gone)} {'is' if len(gone) == 1 else 'are'} dead"]
+        cp = ControlPlaneState(**state["controlplane"])
+        probes = {
+            "kube-apiserver": lambda: healthy(cp),
+            MOTO: lambda: _http_up(f"{state['moto_url']}/moto-api/"),
+        }
+        problems = []
+        for name, probe in probes.items():
+            try:
+                wait_until(probe, timeout=wait, what=name)
+            except StartError:
+                problems.append(f"{name} does not answer")
+        return problems
+
+    def operator(self, state: dict) -> str:
+        """'running', 'dead', or 'not started' (--no-operator)."""
+        proc = state["processes"].get(OPERATOR)
+        if proc is None:
+            return "not started"
+        return "running" if self.is_alive(proc) else "dead"
 
     def running(self, state: dict) -> bool:
-        pids = state.get("pids", {})
-        if not pids or not all(alive(pid) for pid in pids.values()):
-            return False
-        return healthy(ControlPlaneState(**state["controlplane"]))
+        return not self.dead(state)
 
     def clean(self, state: dict | None) -> None:
         if state:
-            for pid in state.get("pids", {}).values():
-                if alive(pid):
-                    stop(pid)
+            for proc in reversed(list(state.get("processes", {}).values())):
+                if self.is_alive(proc):
+                    stop(proc["pid"], timeout=15.0 if proc["part"] == OPERATOR else 10.0)
             shutil.rmtree(state.get("data_dir", ""), ignore_errors=True)
         for name in ("state.json", "env", "kubeconfig"):
             (self.dev_dir / name).unlink(missing_ok=True)
 
     def up(self, with_operator: bool = True) -> dict:
+        """Start what is not running; keep the control plane and moto when they run."""
         state = self.load()
-        if state and self.running(state):
-            return state
         if state:
-            print("provisioner: found a stale .dev/ from a dead run; cleaning it", file=sys.stderr)
+            problems = self.dead(state, wait=10.0)
+            if not problems:
+                return self._keep(state, with_operator)
+            _note(
+                f"{'; '.join(problems)}: stopping the rest of the old dev environment and "
+                "starting over (its CRs, Secrets and cloud resources are gone)"
+            )
         self.clean(state)
+        return self._start(with_operator)
+
+    def _start(self, with_operator: bool) -> dict:
         paths = binaries.ensure_binaries()
         self.dev_dir.mkdir(parents=True, exist_ok=True)
         data_dir = Path(tempfile.mkdtemp(prefix="provisioner-dev-"))
         started = time.monotonic()
         cp = ControlPlane(data_dir / "controlplane", paths)
         moto = MotoServer(log=self.dev_dir / "moto.log")
-        operator = None
         try:
             cp_state = cp.start()
             moto.start()
@@ -217,42 +316,93 @@ class DevStack:
             kubeconfig = self.dev_dir / "kubeconfig"
             shutil.copy(cp.kubeconfig, kubeconfig)
             kubeconfig.chmod(0o600)
+            processes = {
+                name: _record(name, pid, cp.logs / f"{name}.log")
+                for name, pid in cp_state.pids.items()
+            }
+            assert moto.proc is not None
+            processes[MOTO] = _record(MOTO, moto.proc.pid, moto.log)
+            state = {
+                "version": STATE_VERSION,
+                "data_dir": str(data_dir),
+                "controlplane": cp_state.to_json(),
+                "kubeconfig": str(kubeconfig),
+                "moto_url": moto.url,
+                "with_operator": with_operator,
+                "processes": processes,
+            }
             if with_operator:
-                operator = OperatorProcess(
-                    kubeconfig=str(kubeconfig),
-                    endpoint_url=moto.url,
-                    log=self.dev_dir / "operator.log",
-                )
-                operator.start()
+                self._start_operator(state)
         except BaseException:
-            if operator:
-                operator.stop()
             moto.stop()
             cp.stop()
             shutil.rmtree(data_dir, ignore_errors=True)
             raise
-        pids = dict(cp_state.pids)
-        assert moto.proc is not None
-        pids["moto"] = moto.proc.pid
-        if operator and operator.proc:
-            pids["operator"] = operator.proc.pid
-        state = {
-            "data_dir": str(data_dir),
-            "controlplane": cp_state.to_json(),
-            "kubeconfig": str(self.dev_dir / "kubeconfig"),
-            "moto_url": moto.url,
-            "pids": pids,
-            "started_in_seconds": round(time.monotonic() - started, 2),
-        }
-        self.state_file.write_text(json.dumps(state, indent=2))
-        env_lines = {
-            "KUBECONFIG": str((self.dev_dir / "kubeconfig").resolve()),
-            **aws_env(moto.url),
-        }
-        (self.dev_dir / "env").write_text(
-            "".join(f"export {k}={v}\n" for k, v in env_lines.items())
-        )
+        state["started_in_seconds"] = round(time.monotonic() - started, 2)
+        self.save(state)
+        self._write_env(state)
         return state
+
+    def _keep(self, state: dict, with_operator: bool) -> dict:
+        """The control plane and moto run: start or stop only the operator."""
+        proc = state["processes"].get(OPERATOR)
+        operator = self.operator(state)
+        if with_operator and operator == "running":
+            _note("already running; nothing to start")
+        elif with_operator:
+            what = (
+                f"the operator (pid {proc['pid']}) is dead; starting it again"
+                if operator == "dead"
+                else "starting the operator"
+            )
+            _note(f"{what}; the control plane and moto keep running (same ports, same .dev/env)")
+            state["processes"].pop(OPERATOR, None)
+            self.save(state)
+            self._start_operator(state)
+        elif operator == "running":
+            stop(proc["pid"], timeout=15.0)
+            state["processes"].pop(OPERATOR)
+            _note(
+                f"stopped the operator (pid {proc['pid']}) that an earlier `dev up` started, "
+                "so that you can run your own: source .dev/env && provisioner run"
+            )
+        else:
+            state["processes"].pop(OPERATOR, None)
+            _note("already running, without an operator (--no-operator); nothing to start")
+        state["with_operator"] = with_operator
+        self.save(state)
+        self._write_env(state)
+        return state
+
+    def _start_operator(self, state: dict) -> None:
+        operator = OperatorProcess(
+            kubeconfig=state["kubeconfig"],
+            endpoint_url=state["moto_url"],
+            log=self.dev_dir / "operator.log",
+        )
+        try:
+            operator.start()
+        except BaseException:
+            operator.stop()
+            raise
+        assert operator.proc is not None
+        state["processes"][OPERATOR] = _record(OPERATOR, operator.proc.pid, operator.log)
+
+    def _write_env(self, state: dict) -> None:
+        """`.dev/env` and `.dev/kubeconfig`: the same bytes as long as the control plane lives."""
+        kubeconfig = Path(state["kubeconfig"])
+        if not kubeconfig.exists():
+            shutil.copy(state["controlplane"]["kubeconfig"], kubeconfig)
+            kubeconfig.chmod(0o600)
+        env_lines = {
+            "KUBECONFIG": str(kubeconfig.resolve()),
+            **aws_env(state["moto_url"]),
+            "PROVISIONER_CLUSTER_ID": DEV_CLUSTER_ID,
+        }
+        text = "".join(f"export {k}={v}\n" for k, v in env_lines.items())
+        env = self.dev_dir / "env"
+        if not env.exists() or env.read_text() != text:
+            env.write_text(text)
 
     def down(self) -> bool:
         state = self.load()
