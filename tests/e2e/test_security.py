@@ -60,9 +60,7 @@ def test_no_password_in_logs_events_or_status(kube, operator, namespace):
             p.read_text(errors="replace") for p in kube.dir.glob("operator*.log")
         ),
         "Events": kube.kubectl("get", "events", "-A", "-o", "json").stdout,
-        "custom resources": kube.kubectl(
-            "get", "databaseinstances,s3buckets,queues", "-A", "-o", "json"
-        ).stdout,
+        "custom resources": kube.kubectl("get", "cloud", "-A", "-o", "json").stdout,
     }
     for where, text in haystacks.items():
         leaked = [p for p in passwords if p in text]
