@@ -134,6 +134,9 @@ class Reconciler:
         # written yet. Lost on a crash, which is fine: a database found without its
         # Secret gets a new password (set in the cloud first, then written).
         self.pending_passwords: dict[str, str] = {}
+        # Resources whose last pass was a resync that failed with a retryable error. Their
+        # change handlers are done, so nothing but the next resync looks at them again.
+        self.failed_resyncs: set[str] = set()
 
     # -- helpers ------------------------------------------------------------------
 
@@ -148,6 +151,7 @@ class Reconciler:
     def forget(self, uid: str) -> None:
         self.locks.pop(uid, None)
         self.pending_passwords.pop(uid, None)
+        self.failed_resyncs.discard(uid)
 
     @staticmethod
     def _is_ours(resource: Resource, obs: Observation) -> bool:
@@ -197,7 +201,9 @@ class Reconciler:
     def emit(self, body: dict[str, Any], resource: Resource, result: Result) -> None:
         """Post the Result's own Events plus one per state change of a condition.
 
-        Synced=True is news only when it recovers from False; Ready changes always are.
+        Synced=True is news only when it recovers from False; Ready is news when its
+        status or reason changes (not its wording alone: "available" while a change is
+        pending, then "available; Secret written", is one state).
         """
         for event in result.events:
             self.post_event(body, event)
@@ -209,6 +215,13 @@ class Reconciler:
                 c.type == cond.SYNCED
                 and c.status
                 and (previous is None or previous["status"] == "True")
+            ):
+                continue
+            if (
+                c.type == cond.READY
+                and previous is not None
+                and previous.get("status") == ("True" if c.status else "False")
+                and previous.get("reason") == c.reason
             ):
                 continue
             quiet = c.status or c.reason in (
@@ -236,15 +249,18 @@ class Reconciler:
         resource = self.resource(body)
         requested = requested_fields(last_handled_spec, body.get("spec") or {})
         async with self.passes_in_flight, self.locks[resource.uid]:
+            self.failed_resyncs.discard(resource.uid)  # the change handlers retry from here
             if resource.paused:
                 return self._paused(resource), resource
             asked_to_reconcile = resource.reconcile_request_pending
             if self.terminal_for_generation(resource) and not asked_to_reconcile:
                 return Result(for_generation=False), resource
+            events: list[Event] = []
             try:
-                result = await self._sync(resource, retry, requested)
+                result = await self._sync(resource, retry, requested, events)
             except Exception as exc:  # noqa: BLE001 - every failure becomes a condition
                 result = self._failure(resource, exc, retry)
+                result.events[:0] = events  # what the pass did before it failed still happened
             if asked_to_reconcile:
                 result.fields["lastReconcileRequest"] = resource.annotation(
                     annotation_keys.RECONCILE_REQUESTED_AT
@@ -254,14 +270,21 @@ class Reconciler:
     async def resync(self, body: Mapping[str, Any]) -> tuple[Result, Resource] | None:
         """The periodic re-check: drift, vanished resources, edited or deleted Secrets."""
         resource = self.resource(body)
-        if resource.paused or not self.settled(resource):
+        if resource.paused or not (self.settled(resource) or resource.uid in self.failed_resyncs):
             return None
         async with self.passes_in_flight, self.locks[resource.uid]:
+            events: list[Event] = []
             try:
-                result = await self._sync(resource, 0, NOTHING_REQUESTED, resync=True)
+                result = await self._sync(resource, 0, NOTHING_REQUESTED, events, resync=True)
             except Exception as exc:  # noqa: BLE001
                 result = self._failure(resource, exc, 0)
+                result.events[:0] = events
             result.requeue_after = None
+            synced = next((c for c in result.conditions if c.type == cond.SYNCED), None)
+            if synced and not synced.status and synced.reason == cond.RECONCILE_ERROR:
+                self.failed_resyncs.add(resource.uid)
+            else:
+                self.failed_resyncs.discard(resource.uid)
             return result, resource
 
     @staticmethod
@@ -298,16 +321,24 @@ class Reconciler:
     # -- the passes -------------------------------------------------------------------
 
     async def _sync(
-        self, resource: Resource, retry: int, requested: Requested, resync: bool = False
+        self,
+        resource: Resource,
+        retry: int,
+        requested: Requested,
+        events: list[Event],
+        resync: bool = False,
     ) -> Result:
-        """observe -> create or apply changes -> wait until available -> Secret -> Ready."""
+        """observe -> create or apply changes -> wait until available -> Secret -> Ready.
+
+        `events` collects what the pass did as it goes, so that a failure later in the
+        pass does not lose them (a Created or PasswordChanged before a Secret conflict).
+        """
         client = self.clients[resource.kind]
         resolved, waiting = await self._resolve_dependencies(resource, retry)
         if waiting is not None:
             return waiting
         resource = dataclasses.replace(resource, resolved=resolved)
 
-        events: list[Event] = []
         conditions: list[cond.Condition] = []
         obs = await self.in_thread(client.observe, resource)
         if obs.exists and not self._is_ours(resource, obs):
@@ -498,9 +529,7 @@ class Reconciler:
         events: list[Event],
     ) -> Result:
         """Available and in line with the spec: write the Secret, report Ready."""
-        secret_events, secret_fields = await self._write_secret(resource, client, obs)
-        events.extend(secret_events)
-        fields.update(secret_fields)
+        fields.update(await self._write_secret(resource, client, obs, events))
         fields["connectionSecret"] = resource.secret_name
         available = (
             f"{resource.external_name} is available; "
@@ -532,8 +561,8 @@ class Reconciler:
         )
 
     async def _write_secret(
-        self, resource: Resource, client: ExternalClient, obs: Observation
-    ) -> tuple[list[Event], dict[str, Any]]:
+        self, resource: Resource, client: ExternalClient, obs: Observation, events: list[Event]
+    ) -> dict[str, Any]:
         """Write the connection Secret if its content differs; for databases, own the password.
 
         Password order: the cloud first, then the Secret, then status. A crash after the
@@ -541,14 +570,17 @@ class Reconciler:
         so the next pass sets yet another password and writes that one: the Secret always
         ends with the password the cloud accepted last.
         """
-        events: list[Event] = []
         fields: dict[str, Any] = {}
         existing = await self.in_thread(
             self.kube.get_secret, resource.namespace, resource.secret_name
         )
+        owned = existing is not None and connection_secret.owned_by(existing, resource)
+        if existing is not None and not owned:
+            # Refused before any password change: a password set in the cloud but never
+            # written would be known to nobody, and set anew at every retry.
+            connection_secret.needs_write(existing, resource, {})  # raises SecretConflict
         data = dict(obs.connection)
         if isinstance(client, PasswordClient):
-            owned = existing is not None and connection_secret.owned_by(existing, resource)
             current = connection_secret.decode(existing) if owned else {}
             password = current.get("password") or self.pending_passwords.get(resource.uid)
             rotate = resource.rotation_pending
@@ -583,7 +615,7 @@ class Reconciler:
                     )
                 )
         self.pending_passwords.pop(resource.uid, None)
-        return events, fields
+        return fields
 
     async def _ready_arn(self, namespace: str, dependency: Dependency) -> str | None:
         """The dependency's ARN once it is Ready; None while it is not (or is going away)."""
