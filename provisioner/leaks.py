@@ -9,14 +9,17 @@ their CR is gone. They are listed with their tags so a platform engineer can dec
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from provisioner import API_VERSION
 from provisioner.cloud import errors
-from provisioner.cloud.aws import Aws, classify
+from provisioner.cloud.aws import classify
 from provisioner.kube import PLURALS, Kube
 from provisioner.models import CLUSTER_TAG, NAME_TAG, NAMESPACE_TAG, OWNER_UID_TAG
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -38,36 +41,74 @@ class Finding:
     detail: str
 
 
-def cloud_resources(aws: Aws, cluster_id: str) -> list[CloudResource]:
-    found: list[CloudResource] = []
-    s3 = aws.client("s3")
-    for bucket in aws.call(s3.list_buckets).get("Buckets", []):
+class Cloud(Protocol):
+    """What the listing needs: `Aws`, or any other source of boto3 clients."""
+
+    def client(self, service: str) -> Any: ...
+
+    def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T: ...
+
+
+def _tags(pairs: list[dict[str, str]]) -> dict[str, str]:
+    return {t["Key"]: t["Value"] for t in pairs}
+
+
+def _buckets(cloud: Cloud) -> Iterator[tuple[str, dict[str, str]]]:
+    s3 = cloud.client("s3")
+    for bucket in cloud.call(s3.list_buckets).get("Buckets", []):
         try:
-            tagset = aws.call(s3.get_bucket_tagging, Bucket=bucket["Name"])["TagSet"]
-        except errors.NotFoundError:
-            continue
-        found.append(
-            CloudResource("S3Bucket", bucket["Name"], {t["Key"]: t["Value"] for t in tagset})
-        )
-    sqs = aws.client("sqs")
-    for page in aws.client("sqs").get_paginator("list_queues").paginate():
+            tagset = cloud.call(s3.get_bucket_tagging, Bucket=bucket["Name"])["TagSet"]
+        except errors.NotFoundError as exc:
+            if exc.code != "NoSuchTagSet":
+                continue  # deleted since it was listed
+            tagset = []
+        yield bucket["Name"], _tags(tagset)
+
+
+def _queues(cloud: Cloud) -> Iterator[tuple[str, dict[str, str]]]:
+    sqs = cloud.client("sqs")
+    for page in sqs.get_paginator("list_queues").paginate():
         for url in page.get("QueueUrls", []):
             try:
-                tags = aws.call(sqs.list_queue_tags, QueueUrl=url).get("Tags", {})
+                tags = cloud.call(sqs.list_queue_tags, QueueUrl=url).get("Tags", {})
             except errors.NotFoundError:
                 continue
-            found.append(CloudResource("Queue", url.rsplit("/", 1)[-1], tags))
-    rds = aws.client("rds")
-    try:
-        for page in rds.get_paginator("describe_db_instances").paginate():
-            for db in page.get("DBInstances", []):
-                tags = {t["Key"]: t["Value"] for t in db.get("TagList", [])}
-                found.append(CloudResource("DatabaseInstance", db["DBInstanceIdentifier"], tags))
-    except Exception as exc:  # noqa: BLE001 - an endpoint without RDS has no databases to leak
-        classified = classify(exc)
-        if not isinstance(classified, errors.NotSupportedError):
-            raise classified from None
-    return [r for r in found if r.tags.get(CLUSTER_TAG) == cluster_id]
+            yield url.rsplit("/", 1)[-1], tags
+
+
+def _db_instances(cloud: Cloud) -> Iterator[tuple[str, dict[str, str]]]:
+    for page in cloud.client("rds").get_paginator("describe_db_instances").paginate():
+        for db in page.get("DBInstances", []):
+            yield db["DBInstanceIdentifier"], _tags(db.get("TagList", []))
+
+
+# How to list each kind's resources in the cloud: (name, tags) of every one, ours or not.
+CLOUD_LISTINGS: dict[str, Callable[[Cloud], Iterator[tuple[str, dict[str, str]]]]] = {
+    "DatabaseInstance": _db_instances,
+    "S3Bucket": _buckets,
+    "Queue": _queues,
+}
+
+
+def cloud_resources(
+    cloud: Cloud, cluster_id: str | None = None, kinds: Iterable[str] | None = None
+) -> list[CloudResource]:
+    """The resources of `kinds` (default: all) in the cloud, with their tags.
+
+    Only those tagged with `cluster_id` when it is given; a service the endpoint does not
+    offer has nothing to list.
+    """
+    found: list[CloudResource] = []
+    for kind in kinds or CLOUD_LISTINGS:
+        try:
+            for name, tags in CLOUD_LISTINGS[kind](cloud):
+                if cluster_id is None or tags.get(CLUSTER_TAG) == cluster_id:
+                    found.append(CloudResource(kind, name, tags))
+        except Exception as exc:  # noqa: BLE001 - classified right here
+            classified = classify(exc)
+            if not isinstance(classified, errors.NotSupportedError):
+                raise classified from None
+    return found
 
 
 def custom_resources(kube: Kube) -> list[dict[str, Any]]:
@@ -80,7 +121,7 @@ def custom_resources(kube: Kube) -> list[dict[str, Any]]:
     return items
 
 
-def find(aws: Aws, kube: Kube, cluster_id: str) -> list[Finding]:
+def find(aws: Cloud, kube: Kube, cluster_id: str) -> list[Finding]:
     cloud = cloud_resources(aws, cluster_id)
     crs = custom_resources(kube)
     uids = {cr["metadata"]["uid"] for cr in crs}

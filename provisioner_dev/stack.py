@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from provisioner_dev import binaries
-from provisioner_dev.controlplane import ControlPlane, ControlPlaneState, healthy
+from provisioner_dev.controlplane import ControlPlaneState, healthy
 from provisioner_dev.processes import LoopbackService, alive, free_port, stop
 
 REPO_ROOT = binaries.REPO_ROOT
@@ -203,55 +203,33 @@ class DevStack:
         if state:
             print("provisioner: found a stale .dev/ from a dead run; cleaning it", file=sys.stderr)
         self.clean(state)
-        paths = binaries.ensure_binaries()
+        from provisioner_dev.launch import Stack
+
         self.dev_dir.mkdir(parents=True, exist_ok=True)
         data_dir = Path(tempfile.mkdtemp(prefix="provisioner-dev-"))
         started = time.monotonic()
-        cp = ControlPlane(data_dir / "controlplane", paths)
-        moto = MotoServer(log=self.dev_dir / "moto.log")
-        operator = None
+        stack = Stack(dir=data_dir, log_dir=self.dev_dir)
+        kubeconfig = self.dev_dir / "kubeconfig"
         try:
-            cp_state = cp.start()
-            moto.start()
-            install_crds(cp.kubeconfig)
-            kubeconfig = self.dev_dir / "kubeconfig"
-            shutil.copy(cp.kubeconfig, kubeconfig)
+            stack.start()
+            shutil.copy(stack.kubeconfig, kubeconfig)
             kubeconfig.chmod(0o600)
             if with_operator:
-                operator = OperatorProcess(
-                    kubeconfig=str(kubeconfig),
-                    endpoint_url=moto.url,
-                    log=self.dev_dir / "operator.log",
-                )
-                operator.start()
+                stack.start_operator(kubeconfig=kubeconfig)
         except BaseException:
-            if operator:
-                operator.stop()
-            moto.stop()
-            cp.stop()
+            stack.stop()
             shutil.rmtree(data_dir, ignore_errors=True)
             raise
-        pids = dict(cp_state.pids)
-        assert moto.proc is not None
-        pids["moto"] = moto.proc.pid
-        if operator and operator.proc:
-            pids["operator"] = operator.proc.pid
         state = {
             "data_dir": str(data_dir),
-            "controlplane": cp_state.to_json(),
-            "kubeconfig": str(self.dev_dir / "kubeconfig"),
-            "moto_url": moto.url,
-            "pids": pids,
+            "controlplane": stack.controlplane.state().to_json(),
+            "kubeconfig": str(kubeconfig),
+            "moto_url": stack.cloud.url,
+            "pids": stack.pids(),
             "started_in_seconds": round(time.monotonic() - started, 2),
         }
         self.state_file.write_text(json.dumps(state, indent=2))
-        env_lines = {
-            "KUBECONFIG": str((self.dev_dir / "kubeconfig").resolve()),
-            **aws_env(moto.url),
-        }
-        (self.dev_dir / "env").write_text(
-            "".join(f"export {k}={v}\n" for k, v in env_lines.items())
-        )
+        stack.write_env(self.dev_dir / "env", kubeconfig)
         return state
 
     def down(self) -> bool:
