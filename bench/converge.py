@@ -102,25 +102,8 @@ def parse_args(argv: list[str] | None) -> Options:
     a = p.parse_args(argv)
     if a.n < 1 or a.namespaces < 1:
         p.error("--n and --namespaces must be >= 1")
-    return Options(
-        n=a.n,
-        mix=a.mix,
-        namespaces=a.namespaces,
-        idle=a.idle,
-        changes=a.changes,
-        timeout=a.timeout,
-        keep=a.keep,
-        operator_args=a.operator_args,
-        json_path=a.json_path,
-        create_method=a.create_method,
-        create_workers=a.create_workers,
-        change_workers=a.change_workers,
-        seed=a.seed,
-        py_spy=a.py_spy.resolve() if a.py_spy else None,
-        py_spy_rate=a.py_spy_rate,
-        py_spy_mode=a.py_spy_mode,
-        workdir=a.workdir,
-    )
+    # Every option's dest is a field of Options.
+    return Options(**{**vars(a), "py_spy": a.py_spy.resolve() if a.py_spy else None})
 
 
 def main(argv: list[str] | None = None) -> int:
