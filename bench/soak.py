@@ -14,32 +14,19 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from collections import Counter
 from pathlib import Path
 
-import boto3
+from provisioner import API_VERSION
+from provisioner_dev.cloud import DevCloud, by_owner, inventory
+from provisioner_dev.kubejson import KubeJson
+from provisioner_dev.launch import Stack
+from provisioner_dev.stack import run_kubectl
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from provisioner_dev.binaries import ensure_binaries  # noqa: E402
-from provisioner_dev.controlplane import ControlPlane  # noqa: E402
-from provisioner_dev.stack import (  # noqa: E402
-    DEV_REGION,
-    FaultProxy,
-    MotoServer,
-    OperatorProcess,
-    install_crds,
-    run_kubectl,
-)
-
-GROUP = "cloud.provisioner.dev"
 CLUSTER_ID = "soak"
 KINDS = {
     "DatabaseInstance": (
@@ -78,10 +65,9 @@ class Soak:
         self.args = args
         self.rng = random.Random(args.seed)
         self.dir = Path(tempfile.mkdtemp(prefix="provisioner-soak-"))
-        self.cp = ControlPlane(self.dir / "controlplane", ensure_binaries())
-        self.moto = MotoServer(log=self.dir / "moto.log")
-        self.proxy: FaultProxy | None = None
-        self.operator: OperatorProcess | None = None
+        self.stack = Stack(dir=self.dir, fault_rate=args.fault_rate, fault_seed=args.seed)
+        self.api: KubeJson | None = None
+        self.cloud: DevCloud | None = None
         self.lock = threading.Lock()
         self.kills = 0
         self.stop_killing = threading.Event()
@@ -94,7 +80,7 @@ class Soak:
         self, *args: str, input: str | None = None, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
         for attempt in range(30):
-            result = run_kubectl(self.cp.kubeconfig, *args, input=input)
+            result = run_kubectl(self.stack.kubeconfig, *args, input=input)
             transient = (
                 "connection refused" in result.stderr or "ServiceUnavailable" in result.stderr
             )
@@ -105,66 +91,30 @@ class Soak:
             raise RuntimeError(f"kubectl {' '.join(args[:3])}: {result.stderr.strip()}")
         return result
 
-    def start_operator(self) -> None:
-        assert self.proxy is not None
-        self.operator = OperatorProcess(
-            kubeconfig=str(self.cp.kubeconfig),
-            endpoint_url=self.proxy.url,
-            log=self.dir / "operator.log",
-            extra_args=["--resync-seconds=30"],
-            extra_env={"PROVISIONER_CLUSTER_ID": CLUSTER_ID},
-        )
-        self.operator.start(timeout=120)
-
     def killer(self) -> None:
         """SIGKILL the operator at random moments and bring it back."""
         while self.kills < self.args.kills and not self.stop_killing.wait(
             self.rng.uniform(self.args.kill_min, self.args.kill_max)
         ):
             with self.lock:
-                if self.operator is not None:
-                    self.operator.stop(kill=True)
+                if self.stack.operator is not None:
+                    self.stack.operator.stop(kill=True)
                     self.kills += 1
                     log(f"killed the operator ({self.kills}/{self.args.kills})")
-                    self.start_operator()
-
-    def aws(self, service: str):
-        return boto3.client(
-            service,
-            endpoint_url=self.moto.url,
-            region_name=DEV_REGION,
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-        )
+                    self.stack.operator.start(timeout=120)
 
     def owners(self) -> Counter[str]:
         """owner-uid -> number of cloud resources carrying it (our cluster only)."""
-        counts: Counter[str] = Counter()
-        s3, sqs, rds = self.aws("s3"), self.aws("sqs"), self.aws("rds")
-        for bucket in s3.list_buckets()["Buckets"]:
-            try:
-                tags = {
-                    t["Key"]: t["Value"]
-                    for t in s3.get_bucket_tagging(Bucket=bucket["Name"])["TagSet"]
-                }
-            except s3.exceptions.ClientError:
-                tags = {}
-            if tags.get("provisioner.dev/cluster") == CLUSTER_ID:
-                counts[tags.get("provisioner.dev/owner-uid", "")] += 1
-        for url in sqs.list_queues(MaxResults=1000).get("QueueUrls", []):
-            tags = sqs.list_queue_tags(QueueUrl=url).get("Tags", {})
-            if tags.get("provisioner.dev/cluster") == CLUSTER_ID:
-                counts[tags.get("provisioner.dev/owner-uid", "")] += 1
-        for page in rds.get_paginator("describe_db_instances").paginate():
-            for db in page["DBInstances"]:
-                tags = {t["Key"]: t["Value"] for t in db.get("TagList", [])}
-                if tags.get("provisioner.dev/cluster") == CLUSTER_ID:
-                    counts[tags.get("provisioner.dev/owner-uid", "")] += 1
-        return counts
+        assert self.cloud is not None
+        return by_owner(inventory(self.cloud, cluster_id=CLUSTER_ID))
 
     def listing(self) -> list[dict]:
-        out = self.kubectl("get", ",".join(p for p, _ in KINDS.values()), "-A", "-o", "json")
-        return json.loads(out.stdout)["items"]
+        assert self.api is not None
+        return [
+            item
+            for plural, _ in KINDS.values()
+            for item in self.api.list_items(f"/apis/{API_VERSION}/{plural}")
+        ]
 
     # -- phases -------------------------------------------------------------------
 
@@ -173,14 +123,14 @@ class Soak:
         kinds = list(KINDS)
         for i in range(ns_count):
             self.kubectl("create", "namespace", f"soak-{i}")
-        self.names = [(kinds[i % 3], f"soak-{i % ns_count}", f"r{i}") for i in range(n)]
+        self.names = [(kinds[i % len(kinds)], f"soak-{i % ns_count}", f"r{i}") for i in range(n)]
         invalid = [INVALID[i % len(INVALID)] for i in range(self.args.invalid)]
         batches = [self.names[i : i + 20] for i in range(0, n, 20)]
         per_batch = max(1, len(invalid) // max(1, len(batches)))
         restarted = False
         for b, batch in enumerate(batches):
             docs = "".join(
-                f"---\napiVersion: {GROUP}/v1alpha1\nkind: {kind}\nmetadata:\n  name: {name}\n"
+                f"---\napiVersion: {API_VERSION}\nkind: {kind}\nmetadata:\n  name: {name}\n"
                 f"  namespace: {ns}\nspec: {KINDS[kind][1]}\n"
                 for kind, ns, name in batch
             )
@@ -192,14 +142,14 @@ class Soak:
             if not restarted and b >= len(batches) // 2:
                 log("restarting kube-apiserver")
                 with self.lock:  # no operator restart may take the port while it is free
-                    self.cp.restart_apiserver()
+                    self.stack.controlplane.restart_apiserver()
                 restarted = True
                 self.figures["apiserver restarts"] += 1
 
     def apply_invalid(self, kind: str, spec: str) -> None:
         name = f"bad-{self.figures['invalid applied']}"
         doc = (
-            f"apiVersion: {GROUP}/v1alpha1\nkind: {kind}\n"
+            f"apiVersion: {API_VERSION}\nkind: {kind}\n"
             f"metadata:\n  name: {name}\n  namespace: soak-0\nspec: {spec}\n"
         )
         result = self.kubectl("apply", "-f", "-", input=doc, check=False)
@@ -231,17 +181,10 @@ class Soak:
 
     def run(self) -> int:
         started = time.monotonic()
-        self.cp.start()
-        self.moto.start()
-        install_crds(self.cp.kubeconfig)
-        self.proxy = FaultProxy(
-            upstream=self.moto.url,
-            log=self.dir / "proxy.log",
-            rate=self.args.fault_rate,
-            seed=self.args.seed,
-        )
-        self.proxy.start()
-        self.start_operator()
+        self.stack.start()
+        self.api = KubeJson(self.stack.kubeconfig, transient_seconds=60)
+        self.cloud = DevCloud(self.stack.cloud.url)
+        self.stack.start_operator(args=["--resync-seconds=30"], cluster_id=CLUSTER_ID, timeout=120)
         killer = threading.Thread(target=self.killer, daemon=True)
         killer.start()
         log(f"creating {self.args.n} resources in {self.args.namespaces} namespaces")
@@ -251,12 +194,15 @@ class Soak:
         uids = {item["metadata"]["uid"] for item in self.listing()}
         self.figures["duplicates"] = sum(n - 1 for uid, n in owners.items() if n > 1)
         self.figures["missing cloud resources"] = len(uids - set(owners))
-        missing = 0
-        for item in self.listing():
-            ns, secret = item["metadata"]["namespace"], item["metadata"]["name"] + "-connection"
-            if self.kubectl("get", "secret", secret, "-n", ns, check=False).returncode != 0:
-                missing += 1
-        self.figures["secrets missing"] = missing
+        self.figures["secrets missing"] = sum(
+            1
+            for item in self.listing()
+            if self.api.get(
+                f"/api/v1/namespaces/{item['metadata']['namespace']}"
+                f"/secrets/{item['metadata']['name']}-connection"
+            )
+            is None
+        )
         created_for_invalid = sum(
             1 for item in self.listing() if item["metadata"]["name"].startswith("bad-")
         )
@@ -284,7 +230,8 @@ class Soak:
         killer.join(timeout=180)
         self.figures["stuck terminating"] = len(self.listing())
         self.figures["leaks"] = sum(self.owners().values())
-        stats = self.proxy.stats()
+        assert self.stack.proxy is not None
+        stats = self.stack.proxy.stats()
         self.print_table(stats, t_ready, t_updated, t_deleted, time.monotonic() - started)
         bad = [
             key
@@ -359,14 +306,9 @@ class Soak:
     def close(self) -> None:
         self.stop_killing.set()
         with self.lock:
-            if self.operator is not None:
-                self.operator.stop()
-        if self.proxy is not None:
-            self.proxy.stop()
-        self.moto.stop()
-        self.cp.stop()
+            self.stack.stop()
         if not self.args.keep:
-            shutil.rmtree(self.dir, ignore_errors=True)
+            self.stack.remove()
 
 
 def main() -> int:

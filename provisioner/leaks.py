@@ -9,16 +9,19 @@ their CR is gone. They are listed with their tags so a platform engineer can dec
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from provisioner import API_VERSION
 from provisioner.cloud import errors
-from provisioner.cloud.aws import Aws, classify
-from provisioner.cloud.base import OwnedResource
-from provisioner.kinds import KINDS, PLURALS
+from provisioner.cloud.aws import classify
+from provisioner.cloud.base import ErrorCodes, OwnedResource
+from provisioner.kinds import BY_KIND, KINDS, PLURALS
 from provisioner.kube import Kube
-from provisioner.models import CLUSTER_TAG, NAME_TAG, NAMESPACE_TAG
+from provisioner.models import NAME_TAG, NAMESPACE_TAG
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -29,18 +32,40 @@ class Finding:
     detail: str
 
 
-def cloud_resources(aws: Aws, cluster_id: str, regions: list[str]) -> list[OwnedResource]:
-    """Every resource of every kind, in each region, tagged with our cluster id."""
+class Cloud(Protocol):
+    """What the listing needs: `Aws`, or any other source of boto3 clients (the dev tools')."""
+
+    codes: ErrorCodes
+
+    def client(self, service: str, region: str | None = None) -> Any: ...
+
+    def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T: ...
+
+
+def cloud_resources(
+    cloud: Cloud,
+    cluster_id: str | None = None,
+    kinds: Iterable[str] | None = None,
+    regions: Iterable[str] = ("",),
+) -> list[OwnedResource]:
+    """The resources of `kinds` (default: every kind) in each of `regions` ("" is the
+    client's default region), with their tags; only those tagged with `cluster_id` when given.
+
+    A service the endpoint does not offer has nothing to list.
+    """
+    wanted = [BY_KIND[k] for k in kinds] if kinds is not None else list(KINDS)
     found: list[OwnedResource] = []
     for region in regions:
-        for kind in KINDS:
+        for kind in wanted:
             try:
-                found.extend(kind.list_resources(aws, region))
-            except Exception as exc:  # noqa: BLE001 - an endpoint without the service has none
-                classified = classify(exc, aws.codes)
+                listed = list(kind.list_resources(cloud, region))  # type: ignore[arg-type]
+            except Exception as exc:  # noqa: BLE001 - classified right here
+                classified = classify(exc, cloud.codes)
                 if not isinstance(classified, errors.NotSupportedError):
                     raise classified from None
-    return [r for r in found if r.tags.get(CLUSTER_TAG) == cluster_id]
+                continue
+            found.extend(r for r in listed if cluster_id is None or r.cluster == cluster_id)
+    return found
 
 
 def custom_resources(kube: Kube) -> list[dict[str, Any]]:
@@ -53,13 +78,13 @@ def custom_resources(kube: Kube) -> list[dict[str, Any]]:
     return items
 
 
-def find(aws: Aws, kube: Kube, cluster_id: str, region: str) -> list[Finding]:
+def find(aws: Cloud, kube: Kube, cluster_id: str, region: str) -> list[Finding]:
     crs = custom_resources(kube)
     # The operator's region and every region a CR names.
     regions = sorted(
         {region} | {str(cr["spec"]["region"]) for cr in crs if cr.get("spec", {}).get("region")}
     )
-    cloud = cloud_resources(aws, cluster_id, regions)
+    cloud = cloud_resources(aws, cluster_id, regions=regions)
     uids = {cr["metadata"]["uid"] for cr in crs}
     findings = [
         Finding(

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from provisioner_dev import binaries
-from provisioner_dev.controlplane import ControlPlane, ControlPlaneState, healthy
+from provisioner_dev.controlplane import ControlPlaneState, healthy
 from provisioner_dev.processes import (
     LoopbackService,
     StartError,
@@ -303,39 +303,38 @@ class DevStack:
         return self._start(with_operator)
 
     def _start(self, with_operator: bool) -> dict:
-        paths = binaries.ensure_binaries()
+        from provisioner_dev.launch import Stack
+
         self.dev_dir.mkdir(parents=True, exist_ok=True)
         data_dir = Path(tempfile.mkdtemp(prefix="provisioner-dev-"))
         started = time.monotonic()
-        cp = ControlPlane(data_dir / "controlplane", paths)
-        moto = MotoServer(log=self.dev_dir / "moto.log")
+        stack = Stack(dir=data_dir, log_dir=self.dev_dir)
+        kubeconfig = self.dev_dir / "kubeconfig"
         try:
-            cp_state = cp.start()
-            moto.start()
-            install_crds(cp.kubeconfig)
-            kubeconfig = self.dev_dir / "kubeconfig"
-            shutil.copy(cp.kubeconfig, kubeconfig)
+            stack.start()
+            shutil.copy(stack.kubeconfig, kubeconfig)
             kubeconfig.chmod(0o600)
+            cp = stack.controlplane
+            cp_state = cp.state()
             processes = {
                 name: _record(name, pid, cp.logs / f"{name}.log")
                 for name, pid in cp_state.pids.items()
             }
-            assert moto.proc is not None
-            processes[MOTO] = _record(MOTO, moto.proc.pid, moto.log)
+            assert stack.cloud.proc is not None
+            processes[MOTO] = _record(MOTO, stack.cloud.proc.pid, stack.cloud.log)
             state = {
                 "version": STATE_VERSION,
                 "data_dir": str(data_dir),
                 "controlplane": cp_state.to_json(),
                 "kubeconfig": str(kubeconfig),
-                "moto_url": moto.url,
+                "moto_url": stack.cloud.url,
                 "with_operator": with_operator,
                 "processes": processes,
             }
             if with_operator:
                 self._start_operator(state)
         except BaseException:
-            moto.stop()
-            cp.stop()
+            stack.stop()
             shutil.rmtree(data_dir, ignore_errors=True)
             raise
         state["started_in_seconds"] = round(time.monotonic() - started, 2)

@@ -21,9 +21,9 @@ import boto3
 import pytest
 import yaml
 
-from provisioner_dev.binaries import ensure_binaries
 from provisioner_dev.controlplane import ControlPlane, write_kubeconfig
-from provisioner_dev.stack import MotoServer, OperatorProcess, aws_env, install_crds, run_kubectl
+from provisioner_dev.launch import Stack
+from provisioner_dev.stack import MotoServer, OperatorProcess, aws_env, run_kubectl
 
 # Short enough that drift, deleted Secrets and vanished resources are seen within a test.
 TEST_RESYNC_SECONDS = 4
@@ -39,6 +39,7 @@ class Cluster:
     controlplane: ControlPlane
     moto: MotoServer  # or a LocalStackServer: the same surface
     dir: Path
+    stack: Stack
 
     @property
     def kubeconfig(self) -> str:
@@ -95,23 +96,13 @@ class Cluster:
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
-    binaries = ensure_binaries()
     workdir = Path(tempfile.mkdtemp(prefix="provisioner-test-"))
-    cp = ControlPlane(workdir / "controlplane", binaries)
-    if TEST_CLOUD == "localstack":
-        from provisioner_dev.localstack import LocalStackServer
-
-        moto = LocalStackServer(log=workdir / "localstack.log", data_dir=workdir / "localstack")
-    else:
-        moto = MotoServer(log=workdir / "moto.log", record_to=workdir / "moto-requests.jsonl")
+    stack = Stack(dir=workdir, cloud_kind=TEST_CLOUD, record=True)
     try:
-        cp.start()
-        moto.start()
-        install_crds(cp.kubeconfig)
-        yield Cluster(controlplane=cp, moto=moto, dir=workdir)
+        stack.start()
+        yield Cluster(controlplane=stack.controlplane, moto=stack.cloud, dir=workdir, stack=stack)
     finally:
-        moto.stop()
-        cp.stop()
+        stack.stop()
         if os.environ.get("PROVISIONER_KEEP_TEST_DIR"):
             print(f"test data kept in {workdir}")
         else:
@@ -136,35 +127,6 @@ GLOB_RULES = [
 ]
 
 
-def service_account_kubeconfig(cluster: Cluster, name: str, rules: list[dict]) -> str:
-    """A kubeconfig for a new ServiceAccount holding exactly `rules`, cluster-wide."""
-    ns = "provisioner-test"
-    docs = [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": ns}},
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRole",
-            "metadata": {"name": name},
-            "rules": rules,
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": {"name": name},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": name,
-            },
-            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}],
-        },
-    ]
-    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
-    token = cluster.kubectl("create", "token", name, "-n", ns, "--duration=24h").stdout.strip()
-    return str(cluster.token_kubeconfig(name, token, cluster.dir / f"{name}.kubeconfig"))
-
-
 def shipped_cluster_role_rules() -> list[dict]:
     for doc in yaml.safe_load_all(SHIPPED_MANIFESTS.read_text()):
         if doc and doc.get("kind") == "ClusterRole":
@@ -179,17 +141,12 @@ def operator(cluster: Cluster) -> Iterator[OperatorProcess]:
     It watches every namespace except `own-*`: tests that need an operator of their own
     (crashes, faults, peering, RBAC) run it in an `own-*` namespace, where this one never acts.
     """
-    kubeconfig = service_account_kubeconfig(
-        cluster, "provisioner-operator", shipped_cluster_role_rules() + GLOB_RULES
-    )
-    op = OperatorProcess(
-        kubeconfig=kubeconfig,
-        endpoint_url=cluster.moto.url,
+    op = cluster.stack.start_operator(
+        rbac_rules=shipped_cluster_role_rules() + GLOB_RULES,
         log=cluster.dir / "operator.log",
-        extra_args=[f"--resync-seconds={TEST_RESYNC_SECONDS}", "--namespace=!own-*"],
-        extra_env={"PROVISIONER_CLUSTER_ID": "test"},
+        args=[f"--resync-seconds={TEST_RESYNC_SECONDS}", "--namespace=!own-*"],
+        cluster_id="test",
     )
-    op.start()
     try:
         yield op
     finally:

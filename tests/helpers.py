@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
+
+from provisioner_dev.cloud import DevCloud, inventory
 
 T = TypeVar("T")
 
@@ -124,27 +127,14 @@ def apply(kube, namespace: str, manifest: str) -> None:
 
 
 def owned_cloud_resources(aws, uid: str) -> list[tuple[str, str]]:
-    """Every cloud resource in moto whose owner-uid tag is `uid`: there must be one per CR."""
-    found: list[tuple[str, str]] = []
-    for bucket in aws.s3.list_buckets()["Buckets"]:
-        try:
-            tagset = aws.s3.get_bucket_tagging(Bucket=bucket["Name"])["TagSet"]
-        except aws.s3.exceptions.ClientError:
-            continue
-        if {"Key": "provisioner.dev/owner-uid", "Value": uid} in tagset:
-            found.append(("S3Bucket", bucket["Name"]))
-    for url in aws.sqs.list_queues().get("QueueUrls", []):
-        try:
-            tags = aws.sqs.list_queue_tags(QueueUrl=url).get("Tags", {})
-        except aws.sqs.exceptions.ClientError:
-            continue
-        if tags.get("provisioner.dev/owner-uid") == uid:
-            found.append(("Queue", url.rsplit("/", 1)[-1]))
-    for db in aws.rds.describe_db_instances()["DBInstances"]:
-        tags = {t["Key"]: t["Value"] for t in db.get("TagList", [])}
-        if tags.get("provisioner.dev/owner-uid") == uid:
-            found.append(("DatabaseInstance", db["DBInstanceIdentifier"]))
-    return found
+    """Every cloud resource whose owner-uid tag is `uid`: there must be one per CR."""
+    cloud = _dev_cloud(aws.s3.meta.endpoint_url)
+    return [(r.kind, r.name) for r in inventory(cloud) if r.owner_uid == uid]
+
+
+@functools.cache
+def _dev_cloud(endpoint_url: str) -> DevCloud:
+    return DevCloud(endpoint_url)
 
 
 def manifests(kind_specs: list[tuple[str, str, str]]) -> str:

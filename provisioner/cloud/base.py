@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from provisioner.models import OWNER_UID_TAG, Dependency, Resource
+from provisioner.models import CLUSTER_TAG, OWNER_UID_TAG, Dependency, Resource
 
 if TYPE_CHECKING:
     from provisioner.cloud.aws import Aws
@@ -112,6 +112,10 @@ class OwnedResource:
     @property
     def owner_uid(self) -> str:
         return self.tags.get(OWNER_UID_TAG, "")
+
+    @property
+    def cluster(self) -> str:
+        return self.tags.get(CLUSTER_TAG, "")
 
 
 @dataclass(frozen=True)

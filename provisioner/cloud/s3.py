@@ -278,8 +278,10 @@ def list_buckets(aws: Aws, region: str) -> Iterator[OwnedResource]:
     for bucket in aws.call(s3.list_buckets).get("Buckets", []):
         try:
             tag_set = aws.call(s3.get_bucket_tagging, Bucket=bucket["Name"])["TagSet"]
-        except errors.NotFoundError:
-            continue
+        except errors.NotFoundError as exc:
+            if exc.code != "NoSuchTagSet":
+                continue  # deleted since it was listed
+            tag_set = []  # untagged: listed, with no owner
         yield OwnedResource(KIND.kind, bucket["Name"], {t["Key"]: t["Value"] for t in tag_set})
 
 

@@ -32,16 +32,17 @@ def start_operator(cluster: Cluster, own_namespace: str) -> Iterator[StartOperat
         kubeconfig: str | None = None,
         wait: bool = True,
     ) -> OperatorProcess:
-        op = OperatorProcess(
-            kubeconfig=kubeconfig or cluster.kubeconfig,
+        op = cluster.stack.start_operator(
+            kubeconfig=kubeconfig,
             endpoint_url=endpoint_url or cluster.moto.url,
             log=cluster.dir / f"operator-{own_namespace}-{len(started)}.log",
-            extra_args=[
+            args=[
                 f"--namespace={own_namespace}",
                 f"--resync-seconds={TEST_RESYNC_SECONDS}",
                 *(args or []),
             ],
-            extra_env={"PROVISIONER_CLUSTER_ID": "test", **(env or {})},
+            env={"PROVISIONER_CLUSTER_ID": "test", **(env or {})},
+            wait=False,
         )
         started.append(op)
         if wait:

@@ -1,0 +1,239 @@
+"""The create phase: N CRs from nothing to Ready, followed by LIST polls alone."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from collections import Counter, defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from bench.lib import log
+from bench.lib.measure import (
+    categorize,
+    operator_writes,
+    parse_time,
+    percentile,
+    rounded,
+    scrape_writes,
+    write_delta,
+)
+from bench.lib.profile import PySpy
+from bench.lib.workload import KINDS, POLL_INTERVAL, Cr, ready_condition
+from provisioner import GROUP
+
+if TYPE_CHECKING:
+    from bench.lib.run import Bench
+
+
+def via_api(b: Bench) -> None:
+    def post(cr: Cr) -> None:
+        cr.sent = time.time()
+        status, data = b.api.request("POST", cr.path, cr.manifest())
+        cr.returned = time.time()
+        if status == 201:
+            cr.created_ok = True
+        else:
+            b.errors.append(f"create {cr.namespace}/{cr.name}: {status} {data[:200]!r}")
+
+    with ThreadPoolExecutor(b.o.create_workers, thread_name_prefix="create") as pool:
+        list(pool.map(post, b.crs))
+
+
+def via_kubectl(b: Bench) -> None:
+    kubeconfig = str(b.stack.kubeconfig)
+    batches: dict[str, list[Cr]] = defaultdict(list)
+    for cr in b.crs:
+        batches[cr.namespace].append(cr)
+
+    def run(ns: str) -> None:
+        docs = yaml.safe_dump_all([cr.manifest() for cr in batches[ns]])
+        sent = time.time()
+        result = subprocess.run(
+            ["kubectl", f"--kubeconfig={kubeconfig}", "create", "-f", "-", "-o", "name"],
+            input=docs,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        returned = time.time()
+        created = set(result.stdout.split())
+        for cr in batches[ns]:
+            cr.sent, cr.returned = sent, returned
+            cr.created_ok = f"{cr.kind.lower()}.{GROUP}/{cr.name}" in created
+        if result.returncode != 0:
+            b.errors.append(f"kubectl create -n {ns}: {result.stderr.strip()[:300]}")
+
+    with ThreadPoolExecutor(len(batches), thread_name_prefix="kubectl") as pool:
+        list(pool.map(run, batches))
+
+
+def observe(cr: Cr, item: dict[str, Any], start: float, end: float) -> None:
+    """What one LIST (sent at `start`, answered by `end`) says of `cr`."""
+    meta = item["metadata"]
+    cr.uid = meta.get("uid", cr.uid)
+    cr.creation_ts = parse_time(meta.get("creationTimestamp"))
+    cr.status = item.get("status") or {}
+    cr.resource_version = meta.get("resourceVersion", "")
+    cr.last_present = start
+    if cr.ready_at is not None:
+        return
+    ready = ready_condition(item)
+    if not ready or ready.get("status") != "True":
+        cr.not_ready_at = start
+        return
+    # The LIST before showed it not Ready; this one (answered by `end`) shows it Ready.
+    low, high = max(cr.not_ready_at, cr.sent), end
+    transition = parse_time(ready.get("lastTransitionTime"))
+    if transition is not None:
+        low2, high2 = max(low, transition[0]), min(high, transition[1])
+        if low2 <= high2:
+            low, high = low2, high2
+    cr.ready_at = (low + high) / 2
+    cr.ready_error = (high - low) / 2
+    cr.seen_ready = end
+
+
+def phase(b: Bench) -> bool:
+    """Create every CR and poll until all are Ready; False on a timeout."""
+    o = b.o
+    b.prepare()
+    spy = None
+    if o.py_spy:
+        assert b.operator_pid
+        spy = b.spy = PySpy(b.operator_pid, o.py_spy, o.py_spy_rate, o.py_spy_mode)
+        spy.start()
+        time.sleep(1.0)  # let it attach before the burst
+    writes0 = scrape_writes(b.api)
+    aws0 = b.recording.mark()
+    b.mark_cpu("create")
+    log(f"creating {o.n} CRs in {o.namespaces} namespaces ({o.create_method})")
+    started = time.time()
+    for cr in b.crs:
+        cr.not_ready_at = started
+    create = via_api if o.create_method == "api" else via_kubectl
+    done = threading.Event()
+    create_end: list[float] = []
+
+    def creator() -> None:
+        try:
+            create(b)
+        except Exception as exc:  # noqa: BLE001 - reported, not raised
+            b.errors.append(f"create: {exc!r}")
+        finally:
+            create_end.append(time.time())
+            done.set()
+
+    thread = threading.Thread(target=creator, name="creator", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + o.timeout
+    all_ready_seen: float | None = None
+    ready_count = 0
+    while time.monotonic() < deadline:
+        tick = time.monotonic()
+        for cr, item, start, end in b.lister.round():
+            observe(cr, item, start, end)
+        b.sample_rss()
+        if done.is_set():
+            expected = [cr for cr in b.crs if cr.created_ok]
+            ready_count = sum(1 for cr in expected if cr.ready_at is not None)
+            if ready_count == len(expected):
+                all_ready_seen = time.time()
+                break
+        time.sleep(max(0.0, POLL_INTERVAL - (time.monotonic() - tick)))
+    thread.join(timeout=max(0.0, deadline - time.monotonic()))
+    b.mark_cpu("ready")
+    at_ready = scrape_writes(b.api)
+    aws_ready = b.recording.mark()
+    if spy:
+        spy.stop()
+    settled, settle_seconds, quiet = b.settle()
+    aws1 = b.recording.mark()
+    b.mark_cpu("settled")
+
+    created = [cr for cr in b.crs if cr.created_ok]
+    ready = [cr for cr in created if cr.ready_at is not None]
+    times = [cr.time_to_ready for cr in ready if cr.time_to_ready is not None]
+    per_kind: dict[str, Any] = {}
+    for k in KINDS:
+        kt = [cr.time_to_ready for cr in ready if cr.kind == k.kind and cr.time_to_ready]
+        if kt:
+            per_kind[k.kind] = {
+                "count": len(kt),
+                "p50_s": rounded(percentile(kt, 50)),
+                "p99_s": rounded(percentile(kt, 99)),
+            }
+    n = max(1, len(created))
+    writes = categorize(write_delta(writes0, settled))
+    aws = b.recording.calls(aws0, aws1)
+    kind_count = Counter(cr.kind for cr in created)
+    latencies = [cr.returned - cr.sent for cr in created]
+    service_kind = {k.service: k.kind for k in KINDS}
+    b.results["create"] = {
+        "method": o.create_method,
+        "workers": o.create_workers if o.create_method == "api" else len(b.ns_names),
+        "created": len(created),
+        "create_seconds": rounded(create_end[0] - started if create_end else None),
+        "request_p50_s": rounded(percentile(latencies, 50)),
+        "request_max_s": rounded(max(latencies) if latencies else None),
+        "first_returned_s": rounded(
+            min((cr.returned for cr in created), default=started) - started
+        ),
+    }
+    b.results["ready"] = {
+        "count": len(ready),
+        "expected": len(created),
+        "all_ready_seconds": rounded(all_ready_seen - started if all_ready_seen else None),
+        "all_ready_estimated_seconds": rounded(
+            max(cr.ready_at for cr in ready) - started if ready else None
+        ),
+        "p50_s": rounded(percentile(times, 50)),
+        "p90_s": rounded(percentile(times, 90)),
+        "p99_s": rounded(percentile(times, 99)),
+        "max_s": rounded(max(times) if times else None),
+        "mean_ready_time_error_s": rounded(
+            sum(cr.ready_error or 0 for cr in ready) / len(ready) if ready else None
+        ),
+        "per_kind": per_kind,
+        "list_rounds": b.lister.rounds,
+        "list_seconds_mean": rounded(b.lister.list_seconds / max(1, b.lister.rounds)),
+    }
+    b.results["writes_to_ready"] = {
+        **writes,
+        "per_cr": {
+            k: round(writes[k] / n, 3)
+            for k in ("operator_total", "cr", "cr_status", "secret", "event")
+        },
+        "at_all_ready_operator_total": operator_writes(write_delta(writes0, at_ready)),
+        "settle_seconds": round(settle_seconds, 1),
+        "settled": quiet,
+    }
+    b.results["aws_to_ready"] = {
+        **aws,
+        "per_cr": round(aws["operator_total"] / n, 2),
+        "per_cr_by_kind": {
+            service_kind[s]: round(c / kind_count[service_kind[s]], 2)
+            for s, c in aws["by_service"].items()
+            if kind_count.get(service_kind.get(s, ""))
+        },
+        "at_all_ready_operator_total": b.recording.calls(aws0, aws_ready)["operator_total"],
+    }
+    b.results["per_cr"] = [
+        {
+            "kind": cr.kind,
+            "name": f"{cr.namespace}/{cr.name}",
+            "created_s": round(cr.created_at - started, 3),
+            "ready_s": rounded(None if cr.ready_at is None else cr.ready_at - started),
+            "time_to_ready_s": rounded(cr.time_to_ready),
+        }
+        for cr in created
+    ]
+    b.results["events_by_reason"] = b.events_by_reason()
+    b.results["cpu_create_to_ready"] = b.cpu_between("create", "ready")
+    if all_ready_seen is None:
+        b.timeouts.append(f"ready: {ready_count}/{len(created)} Ready after {o.timeout}s")
+        return False
+    return True

@@ -1,0 +1,192 @@
+"""The phases after the create: idle, spec changes, delete."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+from bench.lib import Failure, log
+from bench.lib.measure import categorize, percentile, rounded, scrape_writes, write_delta
+from bench.lib.workload import BY_KIND, KINDS, POLL_INTERVAL, Cr
+
+if TYPE_CHECKING:
+    from bench.lib.run import Bench
+
+
+def idle(b: Bench) -> None:
+    """--idle seconds of nothing: what is written and called meanwhile."""
+    o = b.o
+    log(f"idle for {o.idle:.0f}s")
+    versions = {cr.key: cr.resource_version for cr in b.crs}
+    writes0 = scrape_writes(b.api)
+    aws0 = b.recording.mark()
+    b.mark_cpu("idle")
+    started = time.monotonic()
+    while time.monotonic() - started < o.idle:
+        b.sample_rss()
+        time.sleep(min(POLL_INTERVAL, max(0.0, o.idle - (time.monotonic() - started))))
+    writes1 = scrape_writes(b.api)
+    aws1 = b.recording.mark()
+    b.mark_cpu("idle_end")
+    # CRs whose resourceVersion moved while idle (any writer, status or metadata).
+    changed = sum(
+        1
+        for cr, item, _, _ in b.lister.round()
+        if item["metadata"].get("resourceVersion") != versions.get(cr.key)
+    )
+    writes = categorize(write_delta(writes0, writes1))
+    b.results["idle"] = {
+        "seconds": o.idle,
+        "writes_total": writes["operator_total"] + writes["other_total"] + writes["cr_client"],
+        "writes": writes,
+        "crs_changed": changed,
+        "aws_calls": b.recording.calls(aws0, aws1),
+        "leases": b.lease_holders(),
+        "cpu": b.cpu_between("idle", "idle_end"),
+    }
+
+
+def changes(b: Bench) -> bool:
+    """--changes random Ready CRs get a spec field patched; each is followed in the cloud."""
+    o = b.o
+    candidates = [cr for cr in b.crs if cr.ready_at is not None and cr.status]
+    chosen = random.Random(o.seed + 1).sample(candidates, min(o.changes, len(candidates)))
+    log(f"changing {len(chosen)} CRs ({o.change_workers} at a time)")
+    writes0 = scrape_writes(b.api)
+    aws0 = b.recording.mark()
+    b.mark_cpu("changes")
+    deadline = time.monotonic() + o.timeout
+    latencies: list[tuple[str, float]] = []
+    failures: list[str] = []
+    patches: list[str] = []
+    lock = threading.Lock()
+
+    def change(args: tuple[int, Cr]) -> None:
+        i, cr = args
+        try:
+            patch, check, what = BY_KIND[cr.kind].change(b.cloud, cr.status, i)
+            status, data = b.api.request(
+                "PATCH",
+                f"{cr.path}/{cr.name}",
+                patch,
+                content_type="application/merge-patch+json",
+            )
+            with lock:
+                patches.append(cr.name)
+            if status != 200:
+                raise Failure(f"PATCH {status} {data[:200]!r}")
+            returned = time.monotonic()
+            previous = returned
+            while time.monotonic() < deadline:
+                asked = time.monotonic()
+                if check():
+                    # The cloud changed after the check before this one was sent and
+                    # before this one was answered.
+                    seen = (previous + time.monotonic()) / 2
+                    with lock:
+                        latencies.append((cr.kind, seen - returned))
+                    return
+                previous = asked
+                time.sleep(0.05)
+            raise Failure(f"{what} not reflected in the cloud after {o.timeout}s")
+        except Exception as exc:  # noqa: BLE001 - counted and reported
+            with lock:
+                failures.append(f"{cr.kind} {cr.namespace}/{cr.name}: {exc}")
+
+    with ThreadPoolExecutor(o.change_workers, thread_name_prefix="change") as pool:
+        list(pool.map(change, enumerate(chosen)))
+    settled, _, _ = b.settle(cap=15.0)
+    aws1 = b.recording.mark()
+    b.mark_cpu("changes_end")
+    values = [v for _, v in latencies]
+    writes = categorize(write_delta(writes0, settled), client_patches=len(patches))
+    b.results["changes"] = {
+        "requested": len(chosen),
+        "reflected": len(values),
+        "workers": o.change_workers,
+        "p50_s": rounded(percentile(values, 50)),
+        "p99_s": rounded(percentile(values, 99)),
+        "max_s": rounded(max(values) if values else None),
+        "per_kind_p50_s": {
+            k.kind: rounded(percentile([v for kind, v in latencies if kind == k.kind], 50))
+            for k in KINDS
+            if any(kind == k.kind for kind, _ in latencies)
+        },
+        "failures": failures[:20],
+        "writes": writes,
+        "aws_calls": b.recording.calls(aws0, aws1),
+        "cpu": b.cpu_between("changes", "changes_end"),
+    }
+    if failures:
+        b.timeouts.append(f"changes: {len(failures)} not reflected: {failures[0]}")
+        return False
+    return True
+
+
+def delete(b: Bench) -> bool:
+    """One DELETE collection per namespace and kind, LIST until none is left, count leftovers."""
+    o = b.o
+    present = [cr for cr in b.crs if cr.created_ok]
+    log(f"deleting {len(present)} CRs")
+    writes0 = scrape_writes(b.api)
+    aws0 = b.recording.mark()
+    b.mark_cpu("delete")
+    started = time.time()
+    for cr in present:
+        cr.last_present = started
+    collections = sorted({cr.path for cr in present})
+
+    def delete_all(path: str) -> None:
+        status, data = b.api.request("DELETE", path)
+        if status >= 300:
+            b.errors.append(f"delete {path}: {status} {data[:200]!r}")
+
+    with ThreadPoolExecutor(16, thread_name_prefix="delete") as pool:
+        list(pool.map(delete_all, collections))
+    deadline = time.monotonic() + o.timeout
+    all_gone: float | None = None
+    remaining = len(present)
+    while time.monotonic() < deadline:
+        tick = time.monotonic()
+        seen = b.lister.round()
+        here = {cr.key for cr, *_ in seen}
+        for cr, _item, start, _ in seen:
+            cr.last_present = start
+        for cr in present:
+            if cr.gone_at is None and cr.key not in here:
+                cr.gone_at = (cr.last_present + time.time()) / 2
+        b.sample_rss()
+        remaining = len(here)
+        if not here:
+            all_gone = time.time()
+            break
+        time.sleep(max(0.0, POLL_INTERVAL - (time.monotonic() - tick)))
+    b.mark_cpu("deleted")
+    writes1 = scrape_writes(b.api)
+    aws1 = b.recording.mark()
+    left = b.cloud_left()
+    secrets_left = b.secrets_left()
+    gone_times = [cr.gone_at - started for cr in present if cr.gone_at is not None]
+    writes = categorize(write_delta(writes0, writes1))
+    n = max(1, len(present))
+    aws = b.recording.calls(aws0, aws1)
+    b.results["delete"] = {
+        "all_gone_seconds": rounded(all_gone - started if all_gone else None),
+        "remaining": remaining,
+        "p50_s": rounded(percentile(gone_times, 50)),
+        "p99_s": rounded(percentile(gone_times, 99)),
+        "writes": writes,
+        "writes_per_cr": round(writes["operator_total"] / n, 3),
+        "aws_calls": aws,
+        "aws_per_cr": round(aws["operator_total"] / n, 2),
+        "cpu": b.cpu_between("delete", "deleted"),
+    }
+    b.results["cloud_resources_left"] = left
+    b.results["secrets_left"] = secrets_left
+    if all_gone is None:
+        b.timeouts.append(f"delete: {remaining} CRs still there after {o.timeout}s")
+        return False
+    return True

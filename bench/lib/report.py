@@ -1,0 +1,268 @@
+"""What the benchmark prints and writes: the summary figures and the table, both declared.
+
+Every figure is named by its path in one document (the options, the source fingerprint and
+the results of the phases: `ready.p50_s`, `opts.n`, ...). A table row is a label, a value
+(a template over such paths, or a function of the document), a target and a check.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from bench.lib.run import Options
+from bench.lib.workload import KINDS, MIX_NAMES
+
+Doc = dict[str, Any]
+
+
+def figures(
+    opts: Options, counts: dict[str, int], results: dict[str, Any], source: dict[str, Any]
+) -> Doc:
+    """The one document the summary and the table read, with the few derived figures."""
+    per_cr = (results.get("writes_to_ready") or {}).get("per_cr") or {}
+    idle_other = ((results.get("idle") or {}).get("writes") or {}).get("other") or {}
+    aws_by_kind = (results.get("aws_to_ready") or {}).get("per_cr_by_kind") or {}
+    derived = {
+        "writes_without_events": round(per_cr["cr"] + per_cr["cr_status"] + per_cr["secret"], 3)
+        if per_cr
+        else None,
+        "idle_others": ", ".join(f"{k} {v}" for k, v in idle_other.items()) or "0",
+        "aws_by_kind": ", ".join(f"{k} {v:.1f}" for k, v in sorted(aws_by_kind.items())),
+        "changes_reflected": (results.get("changes") or {}).get("reflected", 0),
+    }
+    doc = {**results, "opts": asdict(opts), "kinds": counts, "source": source}
+    return {**doc, "cpus": os.cpu_count(), "derived": derived}
+
+
+def lookup(doc: Doc, path: str) -> Any:
+    """`a.b.c` in the document; None where any part is missing."""
+    node: Any = doc
+    for part in path.split("."):
+        if not isinstance(node, dict):
+            return None
+        node = node.get(part)
+    return node
+
+
+# -- the summary (the JSON's top level) -------------------------------------------------------
+
+SUMMARY: dict[str, Any] = {
+    "n": "opts.n",
+    "mix": "opts.mix",
+    "kinds": "kinds",
+    "namespaces": "opts.namespaces",
+    "create_seconds": "create.create_seconds",
+    "all_ready_seconds": "ready.all_ready_seconds",
+    "ready_p50_s": "ready.p50_s",
+    "ready_p99_s": "ready.p99_s",
+    "all_deleted_seconds": "delete.all_gone_seconds",
+    "cloud_resources_left": "cloud_resources_left.total",
+    "operator_peak_rss_mb": "operator.peak_rss_mb",
+    "operator_cpu_seconds": "operator.cpu_seconds",
+    "api_writes_per_cr_to_ready": "writes_to_ready.per_cr.operator_total",
+    "api_writes_per_cr_to_ready_split": {
+        part: f"writes_to_ready.per_cr.{part}" for part in ("cr", "cr_status", "secret", "event")
+    },
+    "idle_writes": "idle.writes_total",
+    "idle_operator_writes": "idle.writes.operator_total",
+    "change_p50_s": "changes.p50_s",
+    "change_p99_s": "changes.p99_s",
+    "aws_calls_per_cr_to_ready": "aws_to_ready.per_cr",
+}
+
+
+def summary(doc: Doc, spec: Any = None) -> Any:
+    spec = SUMMARY if spec is None else spec
+    if isinstance(spec, dict):
+        return {key: summary(doc, value) for key, value in spec.items()}
+    return lookup(doc, spec)
+
+
+# -- the table ----------------------------------------------------------------------------------
+
+Value = Callable[[Doc], str]
+Check = Callable[[Doc], bool | None]
+FIELD = re.compile(r"\{([\w.]+)(?::([^}]*))?\}")
+
+
+def template(text: str, needs: str | None = None, missing: str = "n/a") -> Value:
+    """`text` with each `{path}` or `{path:format}` filled in; `missing` where `needs` (or a
+    formatted figure) is absent, and `?` for an absent figure in plain text."""
+
+    def fill(doc: Doc) -> str:
+        if needs is not None and not lookup(doc, needs):
+            return missing
+
+        def one(match: re.Match[str]) -> str:
+            value = lookup(doc, match[1])
+            if value is None:
+                if match[2]:
+                    raise LookupError(match[1])
+                return "?"
+            return format(value, match[2] or "")
+
+        try:
+            return FIELD.sub(one, text)
+        except LookupError:
+            return missing
+
+    return fill
+
+
+def seconds(path: str, digits: int = 2) -> Value:
+    """The figure in seconds, or n/a."""
+
+    def fill(doc: Doc) -> str:
+        value = lookup(doc, path)
+        return "n/a" if value is None else f"{value:.{digits}f} s"
+
+    return fill
+
+
+def pair(a: Value, b: Value, needs: str | None = None) -> Value:
+    """`a / b`; n/a where `needs` is absent."""
+    return lambda doc: "n/a" if needs and not lookup(doc, needs) else f"{a(doc)} / {b(doc)}"
+
+
+def below(path: str, limit: float) -> Check:
+    return lambda doc: None if lookup(doc, path) is None else lookup(doc, path) < limit
+
+
+def at_most(path: str, limit: float) -> Check:
+    return lambda doc: None if lookup(doc, path) is None else lookup(doc, path) <= limit
+
+
+def equals(path: str, expected: Any) -> Check:
+    return lambda doc: None if lookup(doc, path) is None else lookup(doc, path) == expected
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str  # a template too: `{opts.idle:.0f}`
+    value: Value
+    target: str = ""
+    check: Check | None = None
+
+
+def _operator_args(doc: Doc) -> str:
+    return " ".join(doc["opts"]["operator_args"]) or "(defaults)"
+
+
+_kind_counts = "/".join(f"{{kinds.{k.kind}}}" for k in KINDS)
+_left = "/".join(f"{{cloud_resources_left.{k.left_key}}}" for k in KINDS)
+_per_cr = "writes_to_ready.per_cr"
+
+ROWS: tuple[Row, ...] = (
+    Row("N", template("{opts.n}")),
+    Row(f"mix {MIX_NAMES}", template(f"{{opts.mix}} ({_kind_counts})")),
+    Row("namespaces", template("{opts.namespaces}")),
+    Row("operator source (sha256 of provisioner/, crds/)", template("{source.sha256}")),
+    Row("operator args", _operator_args),
+    Row(
+        "machine: CPUs, load avg 1m (start/Ready)",
+        template("{cpus}, {loadavg_1m.create} / {loadavg_1m.ready}"),
+    ),
+    Row(
+        "create time ({create.method}, {create.workers} at once)",
+        seconds("create.create_seconds"),
+    ),
+    Row(
+        "time to all Ready (from first create)",
+        seconds("ready.all_ready_seconds"),
+        "< 60 s",
+        below("ready.all_ready_seconds", 60),
+    ),
+    Row(
+        "per-CR time to Ready p50 / p99",
+        pair(seconds("ready.p50_s"), seconds("ready.p99_s")),
+    ),
+    Row(
+        "time to all deleted",
+        seconds("delete.all_gone_seconds"),
+        "< 60 s",
+        below("delete.all_gone_seconds", 60),
+    ),
+    Row(
+        f"cloud resources left ({'/'.join(k.left_key for k in KINDS)})",
+        template(f"{{cloud_resources_left.total}} ({_left})", needs="cloud_resources_left"),
+        "0",
+        equals("cloud_resources_left.total", 0),
+    ),
+    Row(
+        "operator peak RSS (VmHWM)",
+        template("{operator.peak_rss_mb:.1f} MB"),
+        "< 150 MB",
+        below("operator.peak_rss_mb", 150),
+    ),
+    Row(
+        "operator CPU seconds (total / to Ready)",
+        pair(
+            seconds("operator.cpu_seconds", 1),
+            seconds("cpu_create_to_ready.operator", 1),
+        ),
+    ),
+    Row(
+        "API writes per CR to Ready (operator)",
+        template(f"{{{_per_cr}.operator_total:.2f}}"),
+        "<= 4 + 2 Events",
+    ),
+    Row("  CR (finalizer, metadata)", template(f"{{{_per_cr}.cr:.2f}}")),
+    Row("  CR status", template(f"{{{_per_cr}.cr_status:.2f}}")),
+    Row("  Secret", template(f"{{{_per_cr}.secret:.2f}}")),
+    Row(
+        "  = without Events",
+        template("{derived.writes_without_events:.2f}"),
+        "<= 4",
+        at_most("derived.writes_without_events", 4),
+    ),
+    Row(
+        "  Event",
+        template(f"{{{_per_cr}.event:.2f}}"),
+        "<= 2",
+        at_most(f"{_per_cr}.event", 2),
+    ),
+    Row(
+        "writes during idle ({opts.idle:.0f} s): operator",
+        template("{idle.writes.operator_total}", needs="idle"),
+        "0",
+        equals("idle.writes.operator_total", 0),
+    ),
+    Row("  others (resource verb count)", template("{derived.idle_others}", needs="idle")),
+    Row(
+        "spec-change latency p50 / p99 ({derived.changes_reflected} changes)",
+        pair(seconds("changes.p50_s"), seconds("changes.p99_s"), needs="changes"),
+        "p99 < 2 s",
+        below("changes.p99_s", 2),
+    ),
+    Row(
+        "AWS calls per CR to Ready (moto recorder)",
+        template("{aws_to_ready.per_cr:.2f} ({derived.aws_by_kind})", needs="aws_to_ready"),
+    ),
+)
+
+
+def verdict(ok: bool | None) -> str:
+    return "" if ok is None else ("ok" if ok else "MISSED")
+
+
+def table(doc: Doc, rows: tuple[Row, ...] = ROWS) -> str:
+    cells = [
+        (
+            template(row.label, missing="?")(doc),
+            row.value(doc),
+            row.target,
+            verdict(row.check(doc) if row.check else None),
+        )
+        for row in rows
+    ]
+    headers = ("figure", "value", "target", "")
+    widths = [max(len(r[i]) for r in [headers, *cells]) for i in range(4)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths[:3]))
+    for r in cells:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    return "\n".join(lines)

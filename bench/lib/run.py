@@ -1,0 +1,223 @@
+"""The benchmark against a running stack: options, sampling, prepare, the phases, finish."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.lib import Failure, create, log, phases
+from bench.lib.measure import (
+    WriteCounts,
+    cpu_snapshot,
+    operator_pid,
+    operator_writes,
+    proc_status_kib,
+    rounded,
+    scrape_writes,
+    watching,
+)
+from bench.lib.profile import PySpy
+from bench.lib.recording import BENCH_USER_AGENT, Recording
+from bench.lib.workload import KINDS, PLURALS, Lister, plan
+from provisioner import API_VERSION, GROUP
+from provisioner_dev.cloud import DevCloud, inventory
+from provisioner_dev.kubejson import KubeJson
+from provisioner_dev.launch import Stack
+
+HASH_ANNOTATION = f"{GROUP}/content-hash"
+
+
+@dataclass
+class Options:
+    n: int
+    mix: str
+    namespaces: int
+    idle: float
+    changes: int
+    timeout: float
+    keep: bool
+    operator_args: list[str]
+    json_path: Path | None
+    create_method: str
+    create_workers: int
+    change_workers: int
+    seed: int
+    py_spy: Path | None
+    py_spy_rate: int
+    py_spy_mode: str
+    workdir: Path | None
+
+
+class Bench:
+    def __init__(self, opts: Options, stack: Stack, api: KubeJson) -> None:
+        self.o = opts
+        self.stack = stack
+        self.api = api
+        assert stack.recording is not None, "the bench counts AWS calls in moto's recording"
+        self.recording = Recording(stack.recording, stack.cloud.log)
+        self.ns_names = [f"bench-{i:02d}" for i in range(opts.namespaces)]
+        self.crs = plan(opts.n, opts.mix, self.ns_names, opts.seed)
+        self.lister = Lister(api, self.crs)
+        self.results: dict[str, Any] = {}
+        self.timeouts: list[str] = []
+        self.errors: list[str] = []
+        self.rss_max_kib = 0
+        self.spy: PySpy | None = None
+        self.cpu_marks: dict[str, dict[str, float]] = {}
+        self.cloud = DevCloud(stack.cloud.url, user_agent=BENCH_USER_AGENT)
+
+    @property
+    def operator_pid(self) -> int | None:
+        return operator_pid(self.stack)
+
+    def run(self) -> None:
+        ok = create.phase(self)
+        if ok and not self.errors:
+            phases.idle(self)
+            if self.o.changes > 0:
+                phases.changes(self)
+        else:
+            log("not every CR became Ready: skipping the idle and change phases")
+        phases.delete(self)
+        self.finish()
+
+    # -- sampling --------------------------------------------------------------------------
+
+    def sample_rss(self) -> None:
+        rss = proc_status_kib(self.operator_pid, "VmRSS")
+        if rss:
+            self.rss_max_kib = max(self.rss_max_kib, rss)
+
+    def mark_cpu(self, name: str) -> None:
+        self.cpu_marks[name] = cpu_snapshot(self.stack)
+        # The machine may be shared: the 1-minute load average at each phase boundary.
+        self.results.setdefault("loadavg_1m", {})[name] = round(os.getloadavg()[0], 2)
+
+    def cpu_between(self, a: str, b: str) -> dict[str, float]:
+        start, end = self.cpu_marks.get(a, {}), self.cpu_marks.get(b, {})
+        return {k: round(end[k] - start[k], 2) for k in end if k in start}
+
+    def settle(self, quiet: float = 3.0, cap: float = 30.0) -> tuple[WriteCounts, float, bool]:
+        """Wait until the operator has made no API write for `quiet` seconds (at most `cap`)."""
+        started = time.monotonic()
+        last = scrape_writes(self.api)
+        last_value, last_change = operator_writes(last), time.monotonic()
+        while time.monotonic() - started < cap:
+            time.sleep(0.5)
+            self.sample_rss()
+            current = scrape_writes(self.api)
+            value = operator_writes(current)
+            if value != last_value:
+                last_value, last_change = value, time.monotonic()
+            last = current
+            if time.monotonic() - last_change >= quiet:
+                return last, time.monotonic() - started, True
+        return last, time.monotonic() - started, False
+
+    # -- before and after ------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Untimed: the operator watching every kind, moto's services loaded, namespaces."""
+        started = time.monotonic()
+        deadline = started + 120
+        while watching(self.api) < PLURALS:
+            if time.monotonic() > deadline:
+                raise Failure(f"the operator is not watching {PLURALS - watching(self.api)}")
+            time.sleep(0.2)
+        self.results["operator_watching_after_s"] = round(time.monotonic() - started, 2)
+        # moto imports a service's backend on its first request (RDS: about 1 s).
+        inventory(self.cloud)
+        self.create_namespaces()
+
+    def create_namespaces(self) -> None:
+        """The namespaces, then a dry-run create of each kind in each of them (untimed).
+
+        A fresh kube-apiserver holds the first create of a custom resource for about 2 s
+        (once per process); a dry run takes that hit, stores nothing and is not seen by the
+        operator, so the timed creates measure a warm API server, as in a real cluster.
+        """
+        started = time.monotonic()
+        for ns in self.ns_names:
+            self.api.json("POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
+        for ns in self.ns_names:
+            for kind in sorted({cr.kind for cr in self.crs}):
+                cr = next(c for c in self.crs if c.kind == kind)
+                body = {**cr.manifest(), "metadata": {"name": "warm-up", "namespace": ns}}
+                path = f"/apis/{API_VERSION}/namespaces/{ns}/{cr.plural}?dryRun=All"
+                self.api.json("POST", path, body)
+        self.results["warm_up_seconds"] = round(time.monotonic() - started, 2)
+
+    def events_by_reason(self) -> dict[str, int]:
+        """Events in the bench namespaces by `component: type reason` (who posted what)."""
+        found: Counter[str] = Counter()
+        for item in self.api.list_items("/api/v1/events"):
+            if item["metadata"]["namespace"] not in self.ns_names:
+                continue
+            component = (item.get("source") or {}).get("component") or item.get(
+                "reportingComponent", "?"
+            )
+            found[f"{component}: {item.get('type')} {item.get('reason')}"] += int(
+                item.get("count") or 1
+            )
+        return dict(found.most_common())
+
+    def lease_holders(self) -> list[dict[str, str]]:
+        """Who holds (and so renews) each Lease: names the component behind `leases` writes."""
+        try:
+            items = self.api.list_items("/apis/coordination.k8s.io/v1/leases")
+        except RuntimeError:
+            return []
+        return [
+            {
+                "lease": f"{i['metadata']['namespace']}/{i['metadata']['name']}",
+                "holder": (i.get("spec") or {}).get("holderIdentity", ""),
+                "renewTime": (i.get("spec") or {}).get("renewTime", ""),
+                "manager": ",".join(
+                    sorted({m.get("manager", "") for m in i["metadata"].get("managedFields", [])})
+                ),
+            }
+            for i in items
+        ]
+
+    def cloud_left(self) -> dict[str, int]:
+        by_kind = Counter(r.kind for r in inventory(self.cloud))
+        snapshots = 0
+        for page in self.cloud.client("rds").get_paginator("describe_db_snapshots").paginate():
+            snapshots += len(page.get("DBSnapshots") or [])
+        return {
+            "total": sum(by_kind.values()),
+            **{k.left_key: by_kind[k.kind] for k in KINDS},
+            # Final snapshots of deletionPolicy Snapshot (the DatabaseInstance default) are
+            # kept by design; not counted as leaks.
+            "db_snapshots_by_policy": snapshots,
+        }
+
+    def secrets_left(self) -> int:
+        count = 0
+        for item in self.api.list_items("/api/v1/secrets"):
+            meta = item["metadata"]
+            if meta["namespace"] in self.ns_names and HASH_ANNOTATION in (
+                meta.get("annotations") or {}
+            ):
+                count += 1
+        return count
+
+    def finish(self) -> None:
+        pid = self.operator_pid
+        self.sample_rss()
+        hwm = proc_status_kib(pid, "VmHWM")
+        self.mark_cpu("end")
+        self.results["operator"] = {
+            "pid": pid,
+            "peak_rss_mb": rounded((hwm or self.rss_max_kib) / 1024, 1),
+            "vmhwm_kib": hwm,
+            "sampled_max_rss_kib": self.rss_max_kib,
+            "cpu_seconds": rounded(self.cpu_marks["end"].get("operator"), 2),
+        }
+        self.results["cpu_seconds_total"] = {
+            k: round(v, 2) for k, v in self.cpu_marks["end"].items()
+        }

@@ -1,0 +1,222 @@
+"""What the benchmark creates: one row per kind, the CRs, and the LIST poller that follows them.
+
+A new kind is one more `Kind` in KINDS: its place in --mix, its spec, the spec change the
+change phase makes and how to see that change in the cloud.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from provisioner import API_VERSION
+from provisioner_dev.cloud import DevCloud
+from provisioner_dev.kubejson import KubeJson
+
+# A spec change: (merge patch, a check against the cloud that it arrived, the field's name).
+Change = tuple[dict[str, Any], Callable[[], bool], str]
+
+
+@dataclass(frozen=True)
+class Kind:
+    kind: str
+    plural: str
+    mix: str  # its name in --mix
+    prefix: str  # of the CRs' names
+    service: str  # the AWS service behind it, as moto's recording names it
+    left_key: str  # its count among the cloud resources left at the end
+    spec: dict[str, Any]
+    # (cloud, the CR's status, a number that varies per change) -> the change
+    change: Callable[[DevCloud, dict[str, Any], int], Change]
+
+
+def _database_change(cloud: DevCloud, status: dict[str, Any], i: int) -> Change:
+    name, value = status.get("externalName", ""), 8 + i % 28
+
+    def check() -> bool:
+        inst = cloud.client("rds").describe_db_instances(DBInstanceIdentifier=name)
+        found = inst["DBInstances"][0]
+        pending = found.get("PendingModifiedValues") or {}
+        return value in (found.get("BackupRetentionPeriod"), pending.get("BackupRetentionPeriod"))
+
+    return {"spec": {"backupRetentionDays": value}}, check, "backupRetentionDays"
+
+
+def _bucket_change(cloud: DevCloud, status: dict[str, Any], i: int) -> Change:
+    name = status.get("externalName", "")
+
+    def check() -> bool:
+        answer = cloud.client("s3").get_bucket_versioning(Bucket=name)
+        return answer.get("Status") == "Enabled"
+
+    return {"spec": {"versioning": True}}, check, "versioning"
+
+
+def _queue_change(cloud: DevCloud, status: dict[str, Any], i: int) -> Change:
+    sqs, value = cloud.client("sqs"), 31 + i % 600
+    name = status.get("externalName", "")
+    url = status.get("queueUrl") or sqs.get_queue_url(QueueName=name)["QueueUrl"]
+
+    def check() -> bool:
+        attrs = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["VisibilityTimeout"])
+        return attrs["Attributes"].get("VisibilityTimeout") == str(value)
+
+    return {"spec": {"visibilityTimeoutSeconds": value}}, check, "visibilityTimeoutSeconds"
+
+
+TAGS = {"team": "bench"}
+# In --mix order.
+KINDS: tuple[Kind, ...] = (
+    Kind(
+        "DatabaseInstance",
+        "databaseinstances",
+        "db",
+        "db",
+        "rds",
+        "db_instances",
+        {"engine": "postgres", "instanceClass": "db.t3.micro", "allocatedStorageGiB": 20},
+        _database_change,
+    ),
+    Kind("S3Bucket", "s3buckets", "s3", "bucket", "s3", "buckets", {}, _bucket_change),
+    Kind(
+        "Queue",
+        "queues",
+        "sqs",
+        "queue",
+        "sqs",
+        "queues",
+        {"visibilityTimeoutSeconds": 30},
+        _queue_change,
+    ),
+)
+BY_KIND = {k.kind: k for k in KINDS}
+PLURALS = {k.plural for k in KINDS}
+MIX_NAMES = ":".join(k.mix for k in KINDS)
+
+
+def split_mix(n: int, mix: str) -> dict[str, int]:
+    """N split by the --mix weights (largest remainder), by kind."""
+    try:
+        weights = [float(w) for w in mix.split(":")]
+    except ValueError:
+        example = ":".join("1" for _ in KINDS)
+        raise SystemExit(f"--mix {mix!r}: expected {len(KINDS)} numbers like {example}") from None
+    if len(weights) != len(KINDS) or any(w < 0 for w in weights) or sum(weights) <= 0:
+        raise SystemExit(f"--mix {mix!r}: expected {len(KINDS)} non-negative weights {MIX_NAMES}")
+    total = sum(weights)
+    exact = [n * w / total for w in weights]
+    counts = [int(x) for x in exact]
+    by_remainder = sorted(range(len(KINDS)), key=lambda i: exact[i] - counts[i], reverse=True)
+    for i in by_remainder[: n - sum(counts)]:
+        counts[i] += 1
+    return {k.kind: counts[i] for i, k in enumerate(KINDS)}
+
+
+@dataclass
+class Cr:
+    kind: str
+    plural: str
+    namespace: str
+    name: str
+    # Wall-clock bounds of the create request (for kubectl: of its whole batch).
+    sent: float = 0.0
+    returned: float = 0.0
+    created_ok: bool = False
+    uid: str = ""
+    creation_ts: tuple[float, float] | None = None
+    # Latest LIST (start time) that showed it not yet Ready; the lower bound for Ready.
+    not_ready_at: float = 0.0
+    ready_at: float | None = None
+    ready_error: float | None = None
+    seen_ready: float | None = None
+    status: dict[str, Any] = field(default_factory=dict)
+    resource_version: str = ""
+    last_present: float = 0.0
+    gone_at: float | None = None
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.plural, self.namespace, self.name)
+
+    @property
+    def created_at(self) -> float:
+        """Best estimate of the create: [sent, returned] intersected with [cts, cts + 1)."""
+        low, high = self.sent, self.returned
+        if self.creation_ts is not None:
+            low2, high2 = max(low, self.creation_ts[0]), min(high, self.creation_ts[1])
+            if low2 <= high2:
+                low, high = low2, high2
+        return (low + high) / 2
+
+    @property
+    def time_to_ready(self) -> float | None:
+        return None if self.ready_at is None else self.ready_at - self.created_at
+
+    @property
+    def path(self) -> str:
+        """Its collection; the object itself is `path/name`."""
+        return f"/apis/{API_VERSION}/namespaces/{self.namespace}/{self.plural}"
+
+    def manifest(self) -> dict[str, Any]:
+        return {
+            "apiVersion": API_VERSION,
+            "kind": self.kind,
+            "metadata": {"name": self.name, "namespace": self.namespace},
+            "spec": {**BY_KIND[self.kind].spec, "tags": TAGS},
+        }
+
+
+def plan(n: int, mix: str, namespaces: list[str], seed: int) -> list[Cr]:
+    counts = split_mix(n, mix)
+    kinds = [kind for kind, count in counts.items() for _ in range(count)]
+    random.Random(seed).shuffle(kinds)
+    return [
+        Cr(
+            kind,
+            BY_KIND[kind].plural,
+            namespaces[i % len(namespaces)],
+            f"{BY_KIND[kind].prefix}-{i:05d}",
+        )
+        for i, kind in enumerate(kinds)
+    ]
+
+
+def ready_condition(item: dict[str, Any]) -> dict[str, Any] | None:
+    for c in (item.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Ready":
+            return c
+    return None
+
+
+# Seconds between two LIST rounds while waiting for Ready or for deletion.
+POLL_INTERVAL = 0.5
+
+
+class Lister:
+    """One LIST per kind in use, cluster-wide; no per-object GETs."""
+
+    def __init__(self, api: KubeJson, crs: list[Cr]) -> None:
+        self.api = api
+        self.by_key = {cr.key: cr for cr in crs}
+        self.plurals = sorted({cr.plural for cr in crs})
+        self.rounds = 0
+        self.list_seconds = 0.0
+
+    def round(self) -> list[tuple[Cr, dict[str, Any], float, float]]:
+        """(cr, item, list start, list end) for every one of our CRs that exists."""
+        seen = []
+        for plural in self.plurals:
+            start = time.time()
+            items = self.api.list_items(f"/apis/{API_VERSION}/{plural}")
+            end = time.time()
+            self.list_seconds += end - start
+            for item in items:
+                meta = item["metadata"]
+                cr = self.by_key.get((plural, meta["namespace"], meta["name"]))
+                if cr is not None:
+                    seen.append((cr, item, start, end))
+        self.rounds += 1
+        return seen

@@ -1,0 +1,78 @@
+"""The local cloud (moto, LocalStack) as a client sees it: boto3 clients and an inventory.
+
+`inventory()` is `provisioner leaks`' own listing (each kind's `list_resources` in the
+registry), so the tests, bench/ and `provisioner leaks` count the same resources the same way.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+import boto3
+import botocore.config
+
+from provisioner.cloud.aws import classify
+from provisioner.cloud.base import OwnedResource
+from provisioner.kinds import ERROR_CODES
+from provisioner.leaks import cloud_resources
+from provisioner_dev.stack import DEV_CREDENTIALS, DEV_REGION
+
+T = TypeVar("T")
+
+__all__ = ["DevCloud", "OwnedResource", "by_owner", "inventory"]
+
+
+class DevCloud:
+    """boto3 clients for one local endpoint, with the dev credentials; made once, thread-safe.
+
+    `user_agent` is added to every request's User-Agent (bench/ tells its own calls apart
+    in moto's recording with it).
+    """
+
+    def __init__(self, endpoint_url: str, *, user_agent: str | None = None) -> None:
+        self.endpoint_url = endpoint_url
+        self.config = botocore.config.Config(
+            user_agent_extra=user_agent,
+            retries={"max_attempts": 3, "mode": "standard"},
+            max_pool_connections=32,
+            s3={"addressing_style": "path"},
+        )
+        self._session = boto3.session.Session(
+            aws_access_key_id=DEV_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=DEV_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+            region_name=DEV_REGION,
+        )
+        self._lock = threading.Lock()
+        self._clients: dict[tuple[str, str], Any] = {}
+        self.codes = ERROR_CODES
+
+    def client(self, service: str, region: str | None = None) -> Any:
+        key = (service, region or DEV_REGION)
+        with self._lock:
+            if key not in self._clients:
+                self._clients[key] = self._session.client(
+                    service, endpoint_url=self.endpoint_url, config=self.config, region_name=key[1]
+                )
+            return self._clients[key]
+
+    def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """`fn(...)`, with its failure classified as the operator classifies it."""
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - classified right here
+            raise classify(exc, self.codes) from None
+
+
+def inventory(
+    cloud: DevCloud, *, cluster_id: str | None = None, kinds: Iterable[str] | None = None
+) -> list[OwnedResource]:
+    """Every resource of `kinds` (default: all) in the cloud, of `cluster_id` if given."""
+    return cloud_resources(cloud, cluster_id, kinds)
+
+
+def by_owner(resources: Iterable[OwnedResource]) -> Counter[str]:
+    """owner-uid -> how many resources carry it (more than one: a duplicate)."""
+    return Counter(r.owner_uid for r in resources)

@@ -1,0 +1,241 @@
+"""One starter for the whole local stack, used by `provisioner dev up`, the tests and bench/.
+
+A `Stack` is a control plane, a cloud endpoint (moto's server, or LocalStack), the CRDs, and
+optionally a fault proxy in front of the cloud and operator processes, all children of this
+process with their data in one directory:
+
+    with Stack(dir=workdir, record=True) as stack:   # start() ... stop()
+        stack.start_operator(args=["--resync-seconds=4"], cluster_id="bench")
+        ...
+
+`start()` stops what it started when a part fails; `stop()` stops every part, whatever
+happened, and never removes the directory (the caller decides whether to keep it: `remove()`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import yaml
+
+from provisioner_dev.binaries import ensure_binaries
+from provisioner_dev.controlplane import ControlPlane, write_kubeconfig
+from provisioner_dev.processes import LoopbackService
+from provisioner_dev.stack import (
+    FaultProxy,
+    MotoServer,
+    OperatorProcess,
+    aws_env,
+    install_crds,
+    kubectl,
+)
+
+# Where a ServiceAccount made by `service_account_kubeconfig` lives.
+SERVICE_ACCOUNT_NAMESPACE = "provisioner-dev"
+
+
+@dataclass(kw_only=True)
+class Stack:
+    dir: Path
+    # Logs of the cloud, the proxy and the operators (default: `dir`).
+    log_dir: Path | None = None
+    cloud_kind: str = "moto"  # or "localstack"
+    # moto's request recorder on, writing to `recording` (one JSON line per request);
+    # LocalStack has none.
+    record: bool = False
+    # A fault proxy in front of the cloud, failing this share of calls; operators use it.
+    fault_rate: float | None = None
+    fault_seed: int | None = None
+
+    controlplane: ControlPlane = field(init=False)
+    cloud: LoopbackService = field(init=False)
+    proxy: FaultProxy | None = field(init=False, default=None)
+    operators: list[OperatorProcess] = field(init=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        logs = self.log_dir or self.dir
+        # The binaries are found (or built) by start().
+        self.controlplane = ControlPlane(self.dir / "controlplane", {})
+        if self.cloud_kind == "localstack":
+            from provisioner_dev.localstack import LocalStackServer
+
+            self.cloud = LocalStackServer(
+                log=logs / "localstack.log", data_dir=self.dir / "localstack"
+            )
+        elif self.cloud_kind == "moto":
+            self.cloud = MotoServer(log=logs / "moto.log", record_to=self.recording)
+        else:
+            raise ValueError(f"unknown cloud {self.cloud_kind!r}: moto or localstack")
+
+    # -- the parts ---------------------------------------------------------------------------
+
+    @property
+    def recording(self) -> Path | None:
+        if not self.record or self.cloud_kind != "moto":
+            return None
+        return self.dir / "moto-requests.jsonl"
+
+    @property
+    def kubeconfig(self) -> Path:
+        """The admin's kubeconfig (client certificate)."""
+        return self.controlplane.kubeconfig
+
+    @property
+    def operator(self) -> OperatorProcess | None:
+        """The operator started last."""
+        return self.operators[-1] if self.operators else None
+
+    @property
+    def operator_url(self) -> str:
+        """The cloud endpoint the operators are given: the fault proxy's when there is one."""
+        return self.proxy.url if self.proxy is not None else self.cloud.url
+
+    def start(self) -> Stack:
+        self.controlplane.bin = ensure_binaries()
+        try:
+            self.controlplane.start()
+            self.cloud.start()
+            install_crds(self.kubeconfig)
+            if self.fault_rate is not None:
+                self.proxy = FaultProxy(
+                    upstream=self.cloud.url,
+                    log=(self.log_dir or self.dir) / "proxy.log",
+                    rate=self.fault_rate,
+                    seed=self.fault_seed,
+                )
+                self.proxy.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def start_operator(
+        self,
+        *,
+        args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        cluster_id: str | None = None,
+        kubeconfig: str | Path | None = None,
+        rbac_rules: list[dict[str, Any]] | None = None,
+        log: Path | None = None,
+        endpoint_url: str | None = None,
+        timeout: float = 60.0,
+        wait: bool = True,
+    ) -> OperatorProcess:
+        """An operator process (stopped by `stop()`), as the admin unless told otherwise.
+
+        `rbac_rules`: as a new ServiceAccount holding exactly these rules, with a token
+        kubeconfig (no client certificate); `kubeconfig`: with that one. `wait=False` only
+        builds it: `start()` it yourself.
+        """
+        if rbac_rules is not None:
+            kubeconfig = self.service_account_kubeconfig("provisioner-operator", rbac_rules)
+        extra_env = dict(env or {})
+        if cluster_id is not None:
+            extra_env["PROVISIONER_CLUSTER_ID"] = cluster_id
+        op = OperatorProcess(
+            kubeconfig=str(kubeconfig or self.kubeconfig),
+            endpoint_url=endpoint_url or self.operator_url,
+            log=log or (self.log_dir or self.dir) / "operator.log",
+            extra_args=list(args or []),
+            extra_env=extra_env,
+        )
+        self.operators.append(op)
+        if wait:
+            op.start(timeout=timeout)
+        return op
+
+    def service_account_kubeconfig(self, name: str, rules: list[dict[str, Any]]) -> str:
+        """A kubeconfig for a new ServiceAccount holding exactly `rules`, cluster-wide."""
+        ns = SERVICE_ACCOUNT_NAMESPACE
+        docs = [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
+            {
+                "apiVersion": "v1",
+                "kind": "ServiceAccount",
+                "metadata": {"name": name, "namespace": ns},
+            },
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRole",
+                "metadata": {"name": name},
+                "rules": rules,
+            },
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": name},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": name,
+                },
+                "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}],
+            },
+        ]
+        kubectl(self.kubeconfig, "apply", "-f", "-", input=yaml.safe_dump_all(docs))
+        token = kubectl(
+            self.kubeconfig, "create", "token", name, "-n", ns, "--duration=24h"
+        ).strip()
+        path = self.dir / f"{name}.kubeconfig"
+        cp = self.controlplane
+        write_kubeconfig(path, cp.apiserver_url, cp.pki, name, token=token)
+        return str(path)
+
+    def pids(self) -> dict[str, int]:
+        """Every running part by name: etcd, kube-apiserver, ..., moto, proxy, operator."""
+        found = {name: p.pid for name, p in self.controlplane.procs.items()}
+        if self.cloud.proc is not None:
+            found[self.cloud_kind] = self.cloud.proc.pid
+        if self.proxy is not None and self.proxy.proc is not None:
+            found["proxy"] = self.proxy.proc.pid
+        running = [op for op in self.operators if op.proc is not None]
+        for i, op in enumerate(running):
+            assert op.proc is not None
+            found["operator" if i == 0 else f"operator-{i}"] = op.proc.pid
+        return found
+
+    def env(self, kubeconfig: str | Path | None = None) -> dict[str, str]:
+        """KUBECONFIG and AWS_* for a shell or a client of this stack."""
+        path = Path(kubeconfig or self.kubeconfig).resolve()
+        return {"KUBECONFIG": str(path), **aws_env(self.cloud.url)}
+
+    def write_env(self, path: Path, kubeconfig: str | Path | None = None) -> None:
+        """`export` lines for `source`."""
+        lines = self.env(kubeconfig).items()
+        path.write_text("".join(f"export {k}={v}\n" for k, v in lines))
+
+    def stop(self) -> list[str]:
+        """Stop every part, the operators first. A part that fails to stop does not keep the
+        rest running: the failures are printed to stderr and returned."""
+        parts: list[Any] = [*reversed(self.operators), self.proxy, self.cloud, self.controlplane]
+        failures = []
+        for part in parts:
+            if part is None:
+                continue
+            try:
+                part.stop()
+            except Exception as exc:  # noqa: BLE001 - keep stopping the rest
+                failures.append(f"stopping {type(part).__name__} failed: {exc}")
+                print(f"provisioner: {failures[-1]}", file=sys.stderr)
+        return failures
+
+    def remove(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> Stack:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
