@@ -25,6 +25,9 @@ def test_lists_every_kind_with_its_tags_and_filters_by_cluster(aws):
         Tagging={"TagSet": [{"Key": k, "Value": v} for k, v in ours.items()]},
     )
     sqs.create_queue(QueueName=f"ours-{suffix}", tags=ours)
+    aws.client("sns").create_topic(
+        Name=f"other-{suffix}", Tags=[{"Key": CLUSTER_TAG, "Value": "someone-else"}]
+    )
     aws.client("rds").create_db_instance(
         DBInstanceIdentifier=f"other-{suffix}",
         Engine="postgres",
