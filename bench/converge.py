@@ -16,7 +16,7 @@ AWS calls, and /proc for the operator's peak RSS and CPU time, then prints one t
 --json PATH). Exit status 1 if cloud resources are left, a create failed, or a phase timed out;
 130 on Ctrl-C. Everything it started is stopped at the end unless --keep.
 
-    .venv/bin/python bench/converge.py --n 1000 --namespaces 10 --mix 1:1:1 --idle 60
+    .venv/bin/python bench/converge.py --n 1000 --namespaces 10 --mix 1:1:1:1 --idle 60
 
 See bench/README.md for what each figure means and the targets.
 """
@@ -58,7 +58,8 @@ def parse_args(argv: list[str] | None) -> Options:
         description="Convergence benchmark of the provisioner operator (see bench/README.md).",
     )
     p.add_argument("--n", type=int, default=1000, help="number of CRs (default 1000)")
-    p.add_argument("--mix", default="1:1:1", help=f"{MIX_NAMES} weights (default 1:1:1)")
+    even = ":".join("1" for _ in MIX_NAMES.split(":"))
+    p.add_argument("--mix", default=even, help=f"{MIX_NAMES} weights (default {even})")
     p.add_argument("--namespaces", type=int, default=10, help="spread over this many (10)")
     p.add_argument("--idle", type=float, default=60, help="idle phase seconds (default 60)")
     p.add_argument("--changes", type=int, default=100, help="spec changes to time (100)")

@@ -22,38 +22,22 @@ from collections import Counter
 from pathlib import Path
 
 from provisioner import API_VERSION
+from provisioner.kinds import KINDS as REGISTERED
 from provisioner_dev.cloud import DevCloud, by_owner, inventory
 from provisioner_dev.kubejson import KubeJson
 from provisioner_dev.launch import Stack
+from provisioner_dev.samples import SAMPLES
 from provisioner_dev.stack import run_kubectl
 
 CLUSTER_ID = "soak"
+# Every registered kind, with its sample spec (deleted without a final snapshot), the change
+# made to each, and the manifests the API server must refuse.
 KINDS = {
-    "DatabaseInstance": (
-        "databaseinstances",
-        "{engine: postgres, instanceClass: db.t3.micro, deletionPolicy: Delete}",
-    ),
-    "S3Bucket": ("s3buckets", "{versioning: false}"),
-    "Queue": ("queues", "{visibilityTimeoutSeconds: 30}"),
+    k.kind: (k.plural, json.dumps({**SAMPLES[k.kind].spec, "deletionPolicy": "Delete"}))
+    for k in REGISTERED
 }
-UPDATES = {
-    "DatabaseInstance": '{"spec":{"backupRetentionDays":3}}',
-    "S3Bucket": '{"spec":{"versioning":true}}',
-    "Queue": '{"spec":{"visibilityTimeoutSeconds":90}}',
-}
-# Each is refused by the API server (schema or CEL); nothing may be created for them.
-INVALID = [
-    ("DatabaseInstance", "{engine: oracle, instanceClass: db.t3.micro}"),
-    ("DatabaseInstance", "{engine: postgres, instanceClass: db.t3.micro, allocatedStorageGiB: 5}"),
-    ("DatabaseInstance", "{engine: postgres, instanceClass: huge}"),
-    ("S3Bucket", "{bucketName: Not_Valid}"),
-    ("S3Bucket", "{encryption: rot13}"),
-    ("S3Bucket", '{tags: {"provisioner.dev/owner-uid": stolen}}'),
-    ("Queue", "{visibilityTimeoutSeconds: 99999}"),
-    ("Queue", "{fifo: true, queueName: plain}"),
-    ("Queue", "{deadLetter: {maxReceiveCount: 5000, queueRef: {name: x}}}"),
-    ("Queue", "{delaySeconds: -1}"),
-]
+UPDATES = {k: json.dumps(SAMPLES[k].change(3)[0]) for k in KINDS}
+INVALID = [(k, spec) for k in KINDS for spec in SAMPLES[k].invalid]
 
 
 def log(message: str) -> None:
@@ -258,7 +242,7 @@ class Soak:
     ) -> None:
         n = self.args.n
         rows = [
-            ("CRs", f"{n} ({self.args.namespaces} namespaces, even mix of 3 kinds)"),
+            ("CRs", f"{n} ({self.args.namespaces} namespaces, even mix of {len(KINDS)} kinds)"),
             ("operator kills (SIGKILL)", str(self.kills)),
             ("API-server restarts", str(self.figures["apiserver restarts"])),
             ("AWS calls", f"{stats['total']} ({stats['total'] / n:.1f} per CR)"),

@@ -1,7 +1,8 @@
 """What the benchmark creates: one row per kind, the CRs, and the LIST poller that follows them.
 
-A new kind is one more `Kind` in KINDS: its place in --mix, its spec, the spec change the
-change phase makes and how to see that change in the cloud.
+Every registered kind (provisioner.kinds.KINDS) takes part, in the registry's order (its
+place in --mix); its spec, the spec change the change phase makes and how to see that change
+in the cloud come from its sample in provisioner_dev/samples.py.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from provisioner import API_VERSION
+from provisioner.kinds import KINDS as REGISTERED
 from provisioner_dev.cloud import DevCloud
 from provisioner_dev.kubejson import KubeJson
+from provisioner_dev.samples import SAMPLES, Sample
 
 # A spec change: (merge patch, a check against the cloud that it arrived, the field's name).
 Change = tuple[dict[str, Any], Callable[[], bool], str]
@@ -22,75 +25,30 @@ Change = tuple[dict[str, Any], Callable[[], bool], str]
 
 @dataclass(frozen=True)
 class Kind:
+    """One registered kind as the benchmark uses it (registry plus its dev sample)."""
+
     kind: str
     plural: str
-    mix: str  # its name in --mix
+    mix: str  # its name in --mix: the AWS service behind it
     prefix: str  # of the CRs' names
     service: str  # the AWS service behind it, as moto's recording names it
     left_key: str  # its count among the cloud resources left at the end
-    spec: dict[str, Any]
-    # (cloud, the CR's status, a number that varies per change) -> the change
-    change: Callable[[DevCloud, dict[str, Any], int], Change]
+    sample: Sample
 
+    @property
+    def spec(self) -> dict[str, Any]:
+        return self.sample.spec
 
-def _database_change(cloud: DevCloud, status: dict[str, Any], i: int) -> Change:
-    name, value = status.get("externalName", ""), 8 + i % 28
-
-    def check() -> bool:
-        inst = cloud.client("rds").describe_db_instances(DBInstanceIdentifier=name)
-        found = inst["DBInstances"][0]
-        pending = found.get("PendingModifiedValues") or {}
-        return value in (found.get("BackupRetentionPeriod"), pending.get("BackupRetentionPeriod"))
-
-    return {"spec": {"backupRetentionDays": value}}, check, "backupRetentionDays"
-
-
-def _bucket_change(cloud: DevCloud, status: dict[str, Any], i: int) -> Change:
-    name = status.get("externalName", "")
-
-    def check() -> bool:
-        answer = cloud.client("s3").get_bucket_versioning(Bucket=name)
-        return answer.get("Status") == "Enabled"
-
-    return {"spec": {"versioning": True}}, check, "versioning"
-
-
-def _queue_change(cloud: DevCloud, status: dict[str, Any], i: int) -> Change:
-    sqs, value = cloud.client("sqs"), 31 + i % 600
-    name = status.get("externalName", "")
-    url = status.get("queueUrl") or sqs.get_queue_url(QueueName=name)["QueueUrl"]
-
-    def check() -> bool:
-        attrs = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["VisibilityTimeout"])
-        return attrs["Attributes"].get("VisibilityTimeout") == str(value)
-
-    return {"spec": {"visibilityTimeoutSeconds": value}}, check, "visibilityTimeoutSeconds"
+    def change(self, cloud: DevCloud, status: dict[str, Any], i: int) -> Change:
+        patch, value = self.sample.change(i)
+        return patch, lambda: self.sample.shows(cloud, status, value), self.sample.change_field
 
 
 TAGS = {"team": "bench"}
-# In --mix order.
-KINDS: tuple[Kind, ...] = (
-    Kind(
-        "DatabaseInstance",
-        "databaseinstances",
-        "db",
-        "db",
-        "rds",
-        "db_instances",
-        {"engine": "postgres", "instanceClass": "db.t3.micro", "allocatedStorageGiB": 20},
-        _database_change,
-    ),
-    Kind("S3Bucket", "s3buckets", "s3", "bucket", "s3", "buckets", {}, _bucket_change),
-    Kind(
-        "Queue",
-        "queues",
-        "sqs",
-        "queue",
-        "sqs",
-        "queues",
-        {"visibilityTimeoutSeconds": 30},
-        _queue_change,
-    ),
+# In --mix order: the registry's.
+KINDS: tuple[Kind, ...] = tuple(
+    Kind(k.kind, k.plural, k.service, k.kind.lower(), k.service, k.plural, SAMPLES[k.kind])
+    for k in REGISTERED
 )
 BY_KIND = {k.kind: k for k in KINDS}
 PLURALS = {k.plural for k in KINDS}

@@ -8,8 +8,8 @@ from bench.lib.run import Options
 from bench.lib.workload import KINDS, split_mix
 
 OPTS = Options(
-    n=9,
-    mix="1:1:1",
+    n=12,
+    mix="1:1:1:1",
     namespaces=3,
     idle=2,
     changes=3,
@@ -35,7 +35,13 @@ RESULTS = {
     "idle": {"writes_total": 3, "writes": {"operator_total": 0, "other": {"leases PUT": 3}}},
     "changes": {"reflected": 3, "p50_s": 0.3, "p99_s": 0.9},
     "delete": {"all_gone_seconds": 4.5},
-    "cloud_resources_left": {"total": 1, "db_instances": 0, "buckets": 1, "queues": 0},
+    "cloud_resources_left": {
+        "total": 1,
+        "databaseinstances": 0,
+        "s3buckets": 1,
+        "queues": 0,
+        "topics": 0,
+    },
     "operator": {"peak_rss_mb": 98.7, "cpu_seconds": 12.3},
     "aws_to_ready": {"per_cr": 7.11, "per_cr_by_kind": {"S3Bucket": 8.0, "Queue": 4.0}},
 }
@@ -61,17 +67,17 @@ def test_every_declared_row_is_rendered_with_its_verdict():
         "s",
         "MISSED",
     ]
-    left = rows["cloud resources left (db_instances/buckets/queues)"]
-    assert left.split() == ["1", "(0/1/0)", "0", "MISSED"]
+    left = rows["cloud resources left (databaseinstances/s3buckets/queues/topics)"]
+    assert left.split() == ["1", "(0/1/0/0)", "0", "MISSED"]
     assert rows["= without Events"].split() == ["4.00", "<=", "4", "ok"]
     assert rows["writes during idle (2 s): operator"].split() == ["0", "0", "ok"]
     assert rows["operator args"] == "--workers=8"
-    assert rows[f"mix {':'.join(k.mix for k in KINDS)}"] == "1:1:1 (3/3/3)"
+    assert rows[f"mix {':'.join(k.mix for k in KINDS)}"] == "1:1:1:1 (3/3/3/3)"
 
 
 def test_phases_that_did_not_run_read_n_a_and_have_no_verdict():
     results = {k: v for k, v in RESULTS.items() if k not in ("idle", "changes", "ready")}
-    rows = _rows(table(figures(OPTS, split_mix(9, "1:1:1"), results, {"sha256": "abc"})))
+    rows = _rows(table(figures(OPTS, split_mix(12, "1:1:1:1"), results, {"sha256": "abc"})))
     assert rows["time to all Ready (from first create)"].split() == ["n/a", "<", "60", "s"]
     assert rows["per-CR time to Ready p50 / p99"] == "n/a / n/a"
     assert rows["writes during idle (2 s): operator"].split() == ["n/a", "0"]
@@ -85,9 +91,9 @@ def test_phases_that_did_not_run_read_n_a_and_have_no_verdict():
 
 
 def test_summary_is_the_tables_figures_by_name():
-    doc = figures(OPTS, split_mix(9, "1:1:1"), RESULTS, {"sha256": "abc"})
+    doc = figures(OPTS, split_mix(12, "1:1:1:1"), RESULTS, {"sha256": "abc"})
     got = summary(doc)
-    assert got["n"] == 9 and got["kinds"] == {"DatabaseInstance": 3, "S3Bucket": 3, "Queue": 3}
+    assert got["n"] == 12 and got["kinds"] == {k.kind: 3 for k in KINDS}
     assert got["all_ready_seconds"] == 71.5
     assert got["cloud_resources_left"] == 1
     assert got["api_writes_per_cr_to_ready_split"] == {
