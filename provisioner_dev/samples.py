@@ -13,7 +13,6 @@ from typing import Any
 
 from provisioner.kinds import KINDS
 
-
 # (a DevCloud, the CR's status, the changed value) -> whether the cloud shows the change.
 Check = Callable[[Any, dict[str, Any], Any], bool]
 
