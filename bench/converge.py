@@ -1013,7 +1013,9 @@ class Bench:
             "expected": len(created),
             "all_ready_seconds": rounded(all_ready_seen - started if all_ready_seen else None),
             "all_ready_estimated_seconds": rounded(
-                max(cr.ready_at for cr in ready) - started if ready else None
+                max(cr.ready_at for cr in ready if cr.ready_at is not None) - started
+                if ready
+                else None
             ),
             "p50_s": rounded(percentile(times, 50)),
             "p90_s": rounded(percentile(times, 90)),
@@ -1162,30 +1164,34 @@ class Bench:
                 or self.aws["sqs"].get_queue_url(QueueName=name)["QueueUrl"]
             )
 
-            def check() -> bool:
+            def visibility_applied() -> bool:
                 attrs = self.aws["sqs"].get_queue_attributes(
                     QueueUrl=url, AttributeNames=["VisibilityTimeout"]
                 )["Attributes"]
                 return attrs.get("VisibilityTimeout") == str(value)
 
-            return {"spec": {"visibilityTimeoutSeconds": value}}, check, "visibilityTimeoutSeconds"
+            return (
+                {"spec": {"visibilityTimeoutSeconds": value}},
+                visibility_applied,
+                "visibilityTimeoutSeconds",
+            )
         if cr.kind == "S3Bucket":
 
-            def check() -> bool:
+            def versioning_applied() -> bool:
                 answer = self.aws["s3"].get_bucket_versioning(Bucket=name)
                 return answer.get("Status") == "Enabled"
 
-            return {"spec": {"versioning": True}}, check, "versioning"
+            return {"spec": {"versioning": True}}, versioning_applied, "versioning"
         value = 8 + i % 28
 
-        def check() -> bool:
+        def retention_applied() -> bool:
             inst = self.aws["rds"].describe_db_instances(DBInstanceIdentifier=name)
             found = inst["DBInstances"][0]
             pending = found.get("PendingModifiedValues") or {}
             applied = (found.get("BackupRetentionPeriod"), pending.get("BackupRetentionPeriod"))
             return value in applied
 
-        return {"spec": {"backupRetentionDays": value}}, check, "backupRetentionDays"
+        return {"spec": {"backupRetentionDays": value}}, retention_applied, "backupRetentionDays"
 
     def phase_changes(self) -> bool:
         o = self.o
