@@ -21,7 +21,7 @@ binaries: $(STAMP)
 demo: binaries
 	$(PY) -m provisioner dev demo
 
-test: binaries
+test: lint binaries
 	$(PY) -m pytest
 	$(MAKE) --no-print-directory test-localstack
 
@@ -34,9 +34,12 @@ test-localstack: binaries
 	PROVISIONER_TEST_CLOUD=localstack $(PY) -m pytest tests/e2e/test_bucket.py \
 		tests/e2e/test_queue.py tests/e2e/test_localstack.py
 
+# Style, types (strict on the operator's package) and import contracts, all set in pyproject.toml.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-logo
 
 format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .

@@ -110,7 +110,7 @@ def cmd_leaks(args: argparse.Namespace) -> int:
 DEV_HARNESS = "provisioner_dev.cli"
 
 
-def _add_dev_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _add_dev_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     try:
         harness = importlib.import_module(DEV_HARNESS)
     except ModuleNotFoundError:

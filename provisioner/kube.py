@@ -52,7 +52,7 @@ class Kube:
         query: list[tuple[str, str]] | None = None,
     ) -> dict[str, Any] | None:
         """Returns the decoded response; None for a 404."""
-        method, url, headers, body, post = self.api.param_serialize(
+        method, url, headers, serialized, post = self.api.param_serialize(
             method,
             path,
             query_params=query or [],
@@ -61,7 +61,7 @@ class Kube:
             auth_settings=["BearerToken"],
         )
         try:
-            resp = self.api.call_api(method, url, headers, body, post, _request_timeout=30)
+            resp = self.api.call_api(method, url, headers, serialized, post, _request_timeout=30)
         except ApiException as exc:
             raise KubeError(int(exc.status or 0), str(exc.reason), str(exc.reason)) from None
         data = resp.read()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Iterator
 from datetime import UTC, datetime
 
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
@@ -74,7 +75,7 @@ class ConditionCollector:
         with self._lock:
             self._by_uid.pop(uid, None)
 
-    def collect(self):
+    def collect(self) -> Iterator[GaugeMetricFamily]:
         family = GaugeMetricFamily(
             "provisioner_resources",
             "Custom resources by condition type, status and reason",

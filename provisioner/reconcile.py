@@ -49,7 +49,7 @@ WAIT_CAP = 30.0
 
 def backoff(retry: int, base: float = RETRY_BASE, cap: float = RETRY_CAP) -> float:
     """Exponential backoff with +-20% jitter so that many resources spread out."""
-    delay = min(cap, base * (2 ** min(retry, 16)))
+    delay: float = min(cap, base * (2 ** min(retry, 16)))
     return round(delay * random.uniform(0.8, 1.2), 2)
 
 
@@ -581,7 +581,7 @@ class Reconciler:
             connection_secret.needs_write(existing, resource, {})  # raises SecretConflict
         data = dict(obs.connection)
         if isinstance(client, PasswordClient):
-            current = connection_secret.decode(existing) if owned else {}
+            current = connection_secret.decode(existing) if owned and existing else {}
             password = current.get("password") or self.pending_passwords.get(resource.uid)
             rotate = resource.rotation_pending
             if rotate or not password:

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 KUBERNETES_VERSION = "v1.37.2"
@@ -235,7 +236,7 @@ def build(component: Component) -> dict[str, Path]:
         if component.tags:
             args[2:2] = ["-tags", component.tags]
         _run_go(go, [*args, package], component.module_dir, f"building {binary}")
-    manifest = {"version": component.version, "binaries": {}}
+    manifest: dict[str, Any] = {"version": component.version, "binaries": {}}
     for binary in component.packages:
         path = staging / binary
         manifest["binaries"][binary] = {

@@ -94,7 +94,7 @@ def cmd_dev_build(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     dev = sub.add_parser("dev", help="a local control plane, moto and the operator")
     dev_sub = dev.add_subparsers(dest="dev_command", required=True)
     up = dev_sub.add_parser(

@@ -19,13 +19,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from provisioner_dev.binaries import ensure_binaries
 from provisioner_dev.controlplane import ControlPlane, write_kubeconfig
-from provisioner_dev.processes import LoopbackService
 from provisioner_dev.stack import (
     FaultProxy,
     MotoServer,
@@ -34,6 +33,9 @@ from provisioner_dev.stack import (
     install_crds,
     kubectl,
 )
+
+if TYPE_CHECKING:
+    from provisioner_dev.localstack import LocalStackServer
 
 # Where a ServiceAccount made by `service_account_kubeconfig` lives.
 SERVICE_ACCOUNT_NAMESPACE = "provisioner-dev"
@@ -53,7 +55,7 @@ class Stack:
     fault_seed: int | None = None
 
     controlplane: ControlPlane = field(init=False)
-    cloud: LoopbackService = field(init=False)
+    cloud: MotoServer | LocalStackServer = field(init=False)
     proxy: FaultProxy | None = field(init=False, default=None)
     operators: list[OperatorProcess] = field(init=False, default_factory=list)
 

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import boto3
 import pytest
@@ -24,6 +25,9 @@ import yaml
 from provisioner_dev.controlplane import ControlPlane, write_kubeconfig
 from provisioner_dev.launch import Stack
 from provisioner_dev.stack import MotoServer, OperatorProcess, aws_env, run_kubectl
+
+if TYPE_CHECKING:
+    from provisioner_dev.localstack import LocalStackServer
 
 # Short enough that drift, deleted Secrets and vanished resources are seen within a test.
 TEST_RESYNC_SECONDS = 4
@@ -37,7 +41,7 @@ on_moto_only = pytest.mark.skipif(
 @dataclass
 class Cluster:
     controlplane: ControlPlane
-    moto: MotoServer  # or a LocalStackServer: the same surface
+    moto: MotoServer | LocalStackServer
     dir: Path
     stack: Stack
 

@@ -188,7 +188,7 @@ def phase(b: Bench) -> bool:
         "expected": len(created),
         "all_ready_seconds": rounded(all_ready_seen - started if all_ready_seen else None),
         "all_ready_estimated_seconds": rounded(
-            max(cr.ready_at for cr in ready) - started if ready else None
+            max(cr.ready_at for cr in ready if cr.ready_at is not None) - started if ready else None
         ),
         "p50_s": rounded(percentile(times, 50)),
         "p90_s": rounded(percentile(times, 90)),

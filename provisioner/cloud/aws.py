@@ -227,5 +227,5 @@ def _count_call(http_response: Any, parsed: Any, model: Any, **_: Any) -> None:
 
 
 def _count_call_error(event_name: str = "", **_: Any) -> None:
-    _, service, operation = ([*event_name.split(".", 2), "", ""])[:3]
+    _event, service, operation = ([*event_name.split(".", 2), "", ""])[:3]
     CALLS.record(service, operation, "connection_error")

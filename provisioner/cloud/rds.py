@@ -227,7 +227,7 @@ def _current(instance: dict[str, Any]) -> dict[str, Any]:
     return current
 
 
-def _same(field: str, observed: Any, desired: Any) -> bool:
+def _same(field: str, observed: object, desired: object) -> bool:
     if field == "spec.engineVersion":
         # "15" asks for any 15.x: the cloud picks the minor version.
         return str(observed) == desired or str(observed).startswith(f"{desired}.")

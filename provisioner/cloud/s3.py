@@ -208,7 +208,9 @@ class S3Client:
         encryption = self._get(s3.get_bucket_encryption, name)
         rules = encryption.get("ServerSideEncryptionConfiguration", {}).get("Rules") or [{}]
         default = rules[0].get("ApplyServerSideEncryptionByDefault") or {}
-        block = self._get(s3.get_public_access_block, name).get("PublicAccessBlockConfiguration")
+        block = (
+            self._get(s3.get_public_access_block, name).get("PublicAccessBlockConfiguration") or {}
+        )
         lifecycle = self._get(s3.get_bucket_lifecycle_configuration, name).get("Rules") or []
         return {
             "spec.versioning": versioning.get("Status") == "Enabled",
@@ -260,7 +262,8 @@ def _expire_days(rules: list[dict[str, Any]]) -> int | str | None:
         return None
     rule = rules[0]
     if len(rules) == 1 and rule.get("ID") == LIFECYCLE_RULE_ID and rule.get("Status") == "Enabled":
-        return rule.get("Expiration", {}).get("Days")
+        days: int | None = rule.get("Expiration", {}).get("Days")
+        return days
     return f"{len(rules)} other lifecycle rule(s)"
 
 

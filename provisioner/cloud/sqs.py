@@ -191,8 +191,8 @@ def _parse_redrive(policy: str | None) -> dict[str, Any] | None:
 def _diffs(resource: Resource, attributes: dict[str, str], tags: dict[str, str]) -> list[FieldDiff]:
     diffs = []
     for field, attr, key in ATTRIBUTES:
-        desired, observed = getattr(resource.spec, attr), attributes.get(key)
-        observed = int(observed) if observed is not None else None
+        desired, text = getattr(resource.spec, attr), attributes.get(key)
+        observed = int(text) if text is not None else None
         if observed != desired:
             diffs.append(FieldDiff(field, observed, desired))
     desired_redrive = _redrive(resource)

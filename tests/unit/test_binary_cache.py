@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from provisioner_dev.binaries import Component, cached_binaries
 
@@ -20,7 +21,7 @@ def component(tmp_path: Path, monkeypatch) -> Component:
         ldflags="",
     )
     comp.cache_dir.mkdir(parents=True)
-    manifest = {"version": "v1", "binaries": {}}
+    manifest: dict[str, Any] = {"version": "v1", "binaries": {}}
     for name in ("a", "b"):
         path = comp.cache_dir / name
         path.write_bytes(f"binary {name}".encode())

@@ -209,7 +209,7 @@ def apply_merge_patch(status: dict, patch: dict) -> dict:
     return result
 
 
-def test_property_applying_the_patch_makes_the_next_patch_empty():
+def test_property_applying_the_patch_makes_the_next_patch_empty() -> None:
     """A second reconcile that decides the same thing writes nothing."""
     rng = random.Random(1234)
     reasons = [cond.AVAILABLE, cond.CREATING, cond.RECONCILE_ERROR, cond.PAUSED]

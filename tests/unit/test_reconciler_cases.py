@@ -232,6 +232,7 @@ def seed_secret(world: World, how: str) -> dict[str, Any]:
     data = cloud.connection(world.name, obj)
     if isinstance(cloud, FakePasswordCloud) and how != "no-password":
         data = cloud.with_password(data, obj.password)
+    body: dict[str, Any]
     if how == "foreign":
         body = {
             "apiVersion": "v1",
@@ -319,6 +320,7 @@ def run(case: Case) -> World:
             if retry and case.between:
                 case.between(world)
             body = world.body()
+            outcome: tuple[Result, Resource] | None
             if entry == "reconcile":
                 outcome = await reconciler.reconcile(body, retry, world.last_handled)
             elif entry == "resync":
