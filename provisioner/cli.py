@@ -36,17 +36,33 @@ def _limit_malloc_arenas(arenas: int = 2) -> None:
         pass  # not glibc: nothing to tune
 
 
+def _aws_settings(settings: config.Settings):
+    """The cloud settings, or BudgetSpecError for a budget that does not parse."""
+    from provisioner.cloud.aws import AwsSettings
+    from provisioner.cloud.budget import BudgetSettings
+
+    budget = BudgetSettings.from_spec(
+        settings.aws_budget, settings.aws_budget_max_throttled_seconds
+    )
+    return AwsSettings(region=settings.region, endpoint_url=settings.endpoint_url, budget=budget)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     _limit_malloc_arenas()
     import kopf
 
     from provisioner.cloud import make_clients
-    from provisioner.cloud.aws import Aws, AwsSettings
+    from provisioner.cloud.aws import Aws
+    from provisioner.cloud.budget import BudgetSpecError
     from provisioner.kube import Kube
     from provisioner.operator import event_poster, register
     from provisioner.reconcile import Reconciler
 
     settings = config.from_args(args)
+    try:
+        aws_settings = _aws_settings(settings)
+    except BudgetSpecError as exc:
+        return _fail(str(exc))
     kopf.configure(
         verbose=args.verbose,
         log_format=kopf.LogFormat.JSON if settings.log_format == "json" else kopf.LogFormat.FULL,
@@ -55,7 +71,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     for noisy in ("botocore", "boto3", "urllib3", "kubernetes"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    aws = Aws(AwsSettings(region=settings.region, endpoint_url=settings.endpoint_url))
+    aws = Aws(aws_settings)
     kube = Kube(pool_size=settings.workers + 4)
     events = ThreadPoolExecutor(max_workers=2, thread_name_prefix="events")
     reconciler = Reconciler(settings, kube, make_clients(aws), event_poster(kube, events))
@@ -88,17 +104,20 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_leaks(args: argparse.Namespace) -> int:
     from provisioner import leaks
-    from provisioner.cloud.aws import Aws, AwsSettings
+    from provisioner.cloud.aws import Aws
+    from provisioner.cloud.budget import BudgetSpecError
     from provisioner.cloud.errors import CloudError
     from provisioner.kube import Kube, KubeError
 
     settings = config.from_args(args)
     try:
         findings = leaks.find(
-            Aws(AwsSettings(region=settings.region, endpoint_url=settings.endpoint_url)),
+            Aws(_aws_settings(settings)),
             Kube(pool_size=4),
             settings.cluster_id,
         )
+    except BudgetSpecError as exc:
+        return _fail(str(exc))
     except (CloudError, KubeError) as exc:
         return _fail(f"cannot list resources: {exc}")
     print(leaks.report(findings))
