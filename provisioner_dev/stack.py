@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from provisioner_dev import binaries
+from provisioner_dev.awslike import AwsLikeProxy, CloudProfile
 from provisioner_dev.controlplane import ControlPlane, ControlPlaneState, healthy
 from provisioner_dev.processes import LoopbackService, alive, free_port, stop
 
@@ -196,7 +197,7 @@ class DevStack:
         for name in ("state.json", "env", "kubeconfig"):
             (self.dev_dir / name).unlink(missing_ok=True)
 
-    def up(self, with_operator: bool = True) -> dict:
+    def up(self, with_operator: bool = True, cloud: CloudProfile | None = None) -> dict:
         state = self.load()
         if state and self.running(state):
             return state
@@ -209,10 +210,19 @@ class DevStack:
         started = time.monotonic()
         cp = ControlPlane(data_dir / "controlplane", paths)
         moto = MotoServer(log=self.dev_dir / "moto.log")
+        proxy = None
         operator = None
         try:
             cp_state = cp.start()
             moto.start()
+            endpoint = moto.url
+            if cloud is not None:  # the aws-like profile: a proxy in front of moto
+                log = self.dev_dir / "awslike.log"
+                proxy = AwsLikeProxy(
+                    upstream=moto.url, profile=cloud.name, args=cloud.args, log=log
+                )
+                proxy.start()
+                endpoint = proxy.url
             install_crds(cp.kubeconfig)
             kubeconfig = self.dev_dir / "kubeconfig"
             shutil.copy(cp.kubeconfig, kubeconfig)
@@ -220,13 +230,15 @@ class DevStack:
             if with_operator:
                 operator = OperatorProcess(
                     kubeconfig=str(kubeconfig),
-                    endpoint_url=moto.url,
+                    endpoint_url=endpoint,
                     log=self.dev_dir / "operator.log",
                 )
                 operator.start()
         except BaseException:
             if operator:
                 operator.stop()
+            if proxy:
+                proxy.stop()
             moto.stop()
             cp.stop()
             shutil.rmtree(data_dir, ignore_errors=True)
@@ -234,6 +246,8 @@ class DevStack:
         pids = dict(cp_state.pids)
         assert moto.proc is not None
         pids["moto"] = moto.proc.pid
+        if proxy and proxy.proc:
+            pids["awslike"] = proxy.proc.pid
         if operator and operator.proc:
             pids["operator"] = operator.proc.pid
         state = {
@@ -241,13 +255,15 @@ class DevStack:
             "controlplane": cp_state.to_json(),
             "kubeconfig": str(self.dev_dir / "kubeconfig"),
             "moto_url": moto.url,
+            "cloud_profile": cloud.name if cloud else "instant",
+            "cloud_url": endpoint,
             "pids": pids,
             "started_in_seconds": round(time.monotonic() - started, 2),
         }
         self.state_file.write_text(json.dumps(state, indent=2))
         env_lines = {
             "KUBECONFIG": str((self.dev_dir / "kubeconfig").resolve()),
-            **aws_env(moto.url),
+            **aws_env(endpoint),
         }
         (self.dev_dir / "env").write_text(
             "".join(f"export {k}={v}\n" for k, v in env_lines.items())
