@@ -963,7 +963,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"provisioner_dev.awslike: {exc}", file=sys.stderr)
         return 2
     state = AwsLike(upstream=args.upstream, profile=profile, seed=args.seed)
-    web.run_app(make_app(state), host="127.0.0.1", port=args.port, print=None, access_log=None)
+    web.run_app(
+        make_app(state),
+        host="127.0.0.1",
+        port=args.port,
+        print=None,
+        access_log=None,
+        shutdown_timeout=1.0,
+    )
     return 0
 
 
