@@ -21,7 +21,7 @@ def _dev_stack():
 
 def _cloud_profile(args: argparse.Namespace):
     """The CloudProfile asked for (None: instant, plain moto); ProfileError if it is wrong."""
-    from provisioner_dev.awslike import (
+    from provisioner_dev.cloudprofile import (
         INSTANT,
         PROFILES,
         CloudProfile,
@@ -48,8 +48,8 @@ def _cloud_profile(args: argparse.Namespace):
 
 
 def cmd_dev_up(args: argparse.Namespace) -> int:
-    from provisioner_dev.awslike import ProfileError
     from provisioner_dev.binaries import BuildError
+    from provisioner_dev.cloudprofile import ProfileError
     from provisioner_dev.processes import StartError
 
     try:
@@ -136,7 +136,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         help="instant (moto as is, the default) or aws-like (AWS's durations, throttling and "
         "name holds, played by a proxy in front of moto)",
     )
-    from provisioner_dev.awslike import add_profile_arguments, names_help
+    from provisioner_dev.cloudprofile import add_profile_arguments, names_help
 
     add_profile_arguments(up)
     up.epilog = f"aws-like profile: provisioner_dev/profiles/aws-like.yaml; {names_help()}"

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from provisioner_dev import binaries
-from provisioner_dev.awslike import AwsLikeProxy, CloudProfile
+from provisioner_dev.awslike import AwsLikeProxy
+from provisioner_dev.cloudprofile import CloudProfile
 from provisioner_dev.controlplane import ControlPlane, ControlPlaneState, healthy
 from provisioner_dev.processes import LoopbackService, alive, free_port, stop
 

@@ -8,7 +8,8 @@ import re
 import pytest
 
 from provisioner.cli import main
-from provisioner_dev.awslike import PROFILE_DIR, ProfileError, Throttler, load_profile
+from provisioner_dev.awslike import Throttler
+from provisioner_dev.cloudprofile import PROFILE_DIR, ProfileError, load_profile
 
 
 def test_the_shipped_profile_loads_with_its_documented_defaults():
