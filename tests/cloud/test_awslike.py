@@ -29,16 +29,16 @@ SCALE = 300
 # Real seconds each state lasts at this scale, and the --duration flags (AWS seconds) for them.
 SECONDS = {
     "rds.create": 1.5,
-    "rds.backup": 1.0,
-    "rds.modify": 1.0,
-    "rds.reset_password": 1.0,
-    "rds.storage_optimization": 1.0,
-    "rds.storage_cooldown": 2.5,
-    "rds.snapshot": 1.0,
-    "rds.delete": 1.0,
+    "rds.backup": 1.5,
+    "rds.modify": 1.5,
+    "rds.reset_password": 1.5,
+    "rds.storage_optimization": 1.5,
+    "rds.storage_cooldown": 3.5,
+    "rds.snapshot": 1.5,
+    "rds.delete": 1.5,
     "sqs.deleted_name": 1.5,
-    "sqs.attributes": 1.0,
-    "sqs.retention": 2.0,
+    "sqs.attributes": 1.5,
+    "sqs.retention": 3.0,
     "s3.deleted_name": 1.5,
 }
 DURATIONS = [f"--duration={name}={seconds * SCALE:g}" for name, seconds in SECONDS.items()]
