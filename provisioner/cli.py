@@ -14,8 +14,12 @@ import importlib
 import logging
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from provisioner import config
+
+if TYPE_CHECKING:
+    from provisioner.cloud.aws import AwsSettings
 
 
 def _fail(message: str) -> int:
@@ -36,17 +40,32 @@ def _limit_malloc_arenas(arenas: int = 2) -> None:
         pass  # not glibc: nothing to tune
 
 
+def _aws_settings(settings: config.Settings) -> AwsSettings:
+    """The cloud settings, or BudgetSpecError for a budget that does not parse."""
+    from provisioner.cloud.aws import AwsSettings
+    from provisioner.cloud.budget import BudgetSettings
+
+    budget = BudgetSettings.from_spec(
+        settings.aws_budget, settings.aws_budget_max_throttled_seconds
+    )
+    return AwsSettings(region=settings.region, endpoint_url=settings.endpoint_url, budget=budget)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     _limit_malloc_arenas()
     import kopf
 
-    from provisioner.cloud.aws import AwsSettings
+    from provisioner.cloud.budget import BudgetSpecError
     from provisioner.kinds import make_aws, make_clients
     from provisioner.kube import Kube
     from provisioner.operator import event_poster, register
     from provisioner.reconcile import Reconciler
 
     settings = config.from_args(args)
+    try:
+        aws_settings = _aws_settings(settings)
+    except BudgetSpecError as exc:
+        return _fail(str(exc))
     kopf.configure(
         verbose=args.verbose,
         log_format=kopf.LogFormat.JSON if settings.log_format == "json" else kopf.LogFormat.FULL,
@@ -55,7 +74,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     for noisy in ("botocore", "boto3", "urllib3", "kubernetes"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    aws = make_aws(AwsSettings(region=settings.region, endpoint_url=settings.endpoint_url))
+    aws = make_aws(aws_settings)
     kube = Kube(pool_size=settings.workers + 4)
     events = ThreadPoolExecutor(max_workers=2, thread_name_prefix="events")
     reconciler = Reconciler(settings, kube, make_clients(aws), event_poster(kube, events))
@@ -88,7 +107,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_leaks(args: argparse.Namespace) -> int:
     from provisioner import leaks
-    from provisioner.cloud.aws import AwsSettings
+    from provisioner.cloud.budget import BudgetSpecError
     from provisioner.cloud.errors import CloudError
     from provisioner.kinds import make_aws
     from provisioner.kube import Kube, KubeError
@@ -96,11 +115,13 @@ def cmd_leaks(args: argparse.Namespace) -> int:
     settings = config.from_args(args)
     try:
         findings = leaks.find(
-            make_aws(AwsSettings(region=settings.region, endpoint_url=settings.endpoint_url)),
+            make_aws(_aws_settings(settings)),
             Kube(pool_size=4),
             settings.cluster_id,
             settings.region,
         )
+    except BudgetSpecError as exc:
+        return _fail(str(exc))
     except (CloudError, KubeError) as exc:
         return _fail(f"cannot list resources: {exc}")
     print(leaks.report(findings))

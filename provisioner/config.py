@@ -27,6 +27,10 @@ class Settings:
     peering_priority: int | None = None
     peering_lifetime: int = 60
     workers: int = 32
+    # Client-side AWS call budget: overrides of the documented limits, e.g. "rds=300:12,s3=off"
+    # (provisioner/cloud/budget.py), and how long throttling is absorbed before a call fails.
+    aws_budget: str = ""
+    aws_budget_max_throttled_seconds: float = 60.0
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -49,6 +53,10 @@ class Settings:
             else None,
             peering_lifetime=int(_env("PROVISIONER_PEERING_LIFETIME", "60")),
             workers=int(_env("PROVISIONER_WORKERS", "32")),
+            aws_budget=_env("PROVISIONER_AWS_BUDGET"),
+            aws_budget_max_throttled_seconds=float(
+                _env("PROVISIONER_AWS_BUDGET_MAX_THROTTLED_SECONDS", "60")
+            ),
         )
 
 
@@ -82,6 +90,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--peering-lifetime", type=int, help="seconds before a silent peer counts as dead (60)"
     )
     parser.add_argument("--workers", type=int, help="resources reconciled at once (default 32)")
+    parser.add_argument(
+        "--aws-budget",
+        help="AWS call budget overrides, NAME=BURST:RATE or NAME=off, comma-separated "
+        "(names: rds, sqs, sqs.tagging, s3; default: AWS's documented limits)",
+    )
+    parser.add_argument(
+        "--aws-budget-max-throttled-seconds",
+        type=float,
+        help="how long throttling is absorbed before a call fails (default 60)",
+    )
 
 
 def from_args(args: argparse.Namespace) -> Settings:
@@ -101,6 +119,8 @@ def from_args(args: argparse.Namespace) -> Settings:
             "peering_priority": args.peering_priority,
             "peering_lifetime": args.peering_lifetime,
             "workers": args.workers,
+            "aws_budget": args.aws_budget,
+            "aws_budget_max_throttled_seconds": args.aws_budget_max_throttled_seconds,
         }.items()
         if value is not None
     }

@@ -7,6 +7,10 @@ provisioner_time_to_ready_seconds{kind}             creation of the CR -> first 
 provisioner_time_to_delete_seconds{kind}            deletion request -> finalizer released
 provisioner_aws_calls_total{service,operation,outcome}
 provisioner_resources{kind,condition,status,reason} CRs by their Ready and Synced conditions
+provisioner_aws_budget_tokens{region,bucket}        tokens left in each AWS call budget bucket
+provisioner_aws_budget_rate{region,bucket}          its refill rate now (shrinks on throttling)
+provisioner_aws_budget_wait_seconds_total{service}  time calls waited for the budget
+provisioner_aws_throttles_total{service}            throttling answers seen from the cloud
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from prometheus_client import CollectorRegistry, Histogram, start_http_server
 from prometheus_client import Counter as PromCounter
 from prometheus_client.core import GaugeMetricFamily
 
+from provisioner.cloud import budget
 from provisioner.cloud.aws import CALLS
 
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -59,6 +64,41 @@ AWS_CALLS = PromCounter(
     registry=REGISTRY,
 )
 
+BUDGET_WAIT = PromCounter(
+    "provisioner_aws_budget_wait_seconds",
+    "Seconds AWS calls waited for a token of the client-side call budget",
+    ["service"],
+    registry=REGISTRY,
+)
+THROTTLES = PromCounter(
+    "provisioner_aws_throttles",
+    "Throttling answers from the cloud, by service",
+    ["service"],
+    registry=REGISTRY,
+)
+
+
+class BudgetCollector:
+    """Tokens and refill rate of every bucket of every live call budget."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        tokens = GaugeMetricFamily(
+            "provisioner_aws_budget_tokens",
+            "Tokens left in an AWS call budget bucket (negative: calls queued for tokens)",
+            labels=["region", "bucket"],
+        )
+        rate = GaugeMetricFamily(
+            "provisioner_aws_budget_rate",
+            "Refill rate of an AWS call budget bucket, tokens per second",
+            labels=["region", "bucket"],
+        )
+        for live in list(budget.ACTIVE):
+            for row in live.snapshot():
+                tokens.add_metric([row["region"], row["bucket"]], row["tokens"])
+                rate.add_metric([row["region"], row["bucket"]], row["rate"])
+        yield tokens
+        yield rate
+
 
 class ConditionCollector:
     """CRs by condition, from what each resource's last pass reported (kept in memory)."""
@@ -93,6 +133,9 @@ class ConditionCollector:
 
 CONDITIONS = ConditionCollector()
 REGISTRY.register(CONDITIONS)
+REGISTRY.register(BudgetCollector())
+budget.LISTENERS.on_wait.append(lambda service, seconds: BUDGET_WAIT.labels(service).inc(seconds))
+budget.LISTENERS.on_throttle.append(lambda service: THROTTLES.labels(service).inc())
 CALLS.listeners.append(
     lambda service, operation, outcome: AWS_CALLS.labels(service, operation, outcome).inc()
 )

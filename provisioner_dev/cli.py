@@ -19,17 +19,59 @@ def _dev_stack():
     return DevStack(Path.cwd() / ".dev")
 
 
+def _cloud_profile(args: argparse.Namespace):
+    """The CloudProfile asked for (None: instant, plain moto); ProfileError if it is wrong."""
+    from provisioner_dev.cloudprofile import (
+        INSTANT,
+        PROFILES,
+        CloudProfile,
+        ProfileError,
+        load_profile,
+        profile_args,
+    )
+
+    if args.cloud_profile not in PROFILES:
+        raise ProfileError(
+            f"unknown cloud profile {args.cloud_profile!r} (known: {', '.join(PROFILES)})"
+        )
+    overrides = args.time_scale is not None or args.duration or args.throttle
+    if args.cloud_profile == INSTANT:
+        if overrides:
+            raise ProfileError(
+                "--time-scale, --duration and --throttle need --cloud-profile aws-like"
+            )
+        return None
+    load_profile(args.cloud_profile, args.time_scale, args.duration, args.throttle)
+    return CloudProfile(
+        args.cloud_profile, profile_args(args.time_scale, args.duration, args.throttle)
+    )
+
+
 def cmd_dev_up(args: argparse.Namespace) -> int:
     from provisioner_dev.binaries import BuildError
+    from provisioner_dev.cloudprofile import ProfileError
     from provisioner_dev.processes import StartError
 
-    stack = _dev_stack()
     try:
-        state = stack.up(with_operator=not args.no_operator)
-    except (BuildError, StartError, RuntimeError) as exc:
+        cloud = _cloud_profile(args)
+    except ProfileError as exc:
+        return _fail(str(exc))
+    stack = _dev_stack()
+    running = stack.load()
+    if running and stack.running(running):
+        have = running.get("cloud_profile", "instant")
+        if have != args.cloud_profile:
+            return _fail(
+                f"the running stack has cloud profile {have!r}: `provisioner dev down` first"
+            )
+    try:
+        state = stack.up(with_operator=not args.no_operator, cloud=cloud)
+    except (BuildError, StartError, RuntimeError, ProfileError) as exc:
         return _fail(str(exc))
     print(f"control plane: {state['controlplane']['apiserver_url']}")
     print(f"moto:          {state['moto_url']}")
+    if state.get("cloud_profile", "instant") != "instant":
+        print(f"cloud:         {state['cloud_url']} ({state['cloud_profile']} profile)")
     print(f"kubeconfig:    {state['kubeconfig']}")
     print("environment:   source .dev/env")
     print(f"processes:     {', '.join(f'{k}={v}' for k, v in state['pids'].items())}")
@@ -106,6 +148,16 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         action="store_true",
         help="no operator (one that an earlier `dev up` started is stopped): run your own",
     )
+    up.add_argument(
+        "--cloud-profile",
+        default="instant",
+        help="instant (moto as is, the default) or aws-like (AWS's durations, throttling and "
+        "name holds, played by a proxy in front of moto)",
+    )
+    from provisioner_dev.cloudprofile import add_profile_arguments, names_help
+
+    add_profile_arguments(up)
+    up.epilog = f"aws-like profile: provisioner_dev/profiles/aws-like.yaml; {names_help()}"
     up.set_defaults(func=cmd_dev_up)
     dev_sub.add_parser("demo", help="up, apply examples/, show them Ready").set_defaults(
         func=cmd_dev_demo

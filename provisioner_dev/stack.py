@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from provisioner_dev import binaries
+from provisioner_dev.awslike import AwsLikeProxy
+from provisioner_dev.cloudprofile import CloudProfile
 from provisioner_dev.controlplane import ControlPlaneState, healthy
 from provisioner_dev.processes import (
     LoopbackService,
@@ -183,6 +185,9 @@ class OperatorProcess(LoopbackService):
 # `dev up` starts over. The operator holds none: `dev up` restarts it alone.
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager")
 MOTO = "moto"
+# The aws-like profile's proxy in front of moto: it holds the cloud's timing (what is still
+# `creating`, which names are held), so it counts like moto.
+PROXY = "awslike-proxy"
 OPERATOR = "operator"
 STATE_VERSION = 2
 
@@ -288,8 +293,12 @@ class DevStack:
         for name in ("state.json", "env", "kubeconfig"):
             (self.dev_dir / name).unlink(missing_ok=True)
 
-    def up(self, with_operator: bool = True) -> dict:
-        """Start what is not running; keep the control plane and moto when they run."""
+    def up(self, with_operator: bool = True, cloud: CloudProfile | None = None) -> dict:
+        """Start what is not running; keep the control plane and moto when they run.
+
+        `cloud` is the aws-like profile (None: moto as it is); a running environment keeps
+        the profile it was started with (`dev up` refuses another one before calling this).
+        """
         state = self.load()
         if state:
             problems = self.dead(state, wait=10.0)
@@ -300,9 +309,9 @@ class DevStack:
                 "starting over (its CRs, Secrets and cloud resources are gone)"
             )
         self.clean(state)
-        return self._start(with_operator)
+        return self._start(with_operator, cloud)
 
-    def _start(self, with_operator: bool) -> dict:
+    def _start(self, with_operator: bool, cloud: CloudProfile | None) -> dict:
         from provisioner_dev.launch import Stack
 
         self.dev_dir.mkdir(parents=True, exist_ok=True)
@@ -310,6 +319,7 @@ class DevStack:
         started = time.monotonic()
         stack = Stack(dir=data_dir, log_dir=self.dev_dir)
         kubeconfig = self.dev_dir / "kubeconfig"
+        proxy: AwsLikeProxy | None = None
         try:
             stack.start()
             shutil.copy(stack.kubeconfig, kubeconfig)
@@ -322,18 +332,34 @@ class DevStack:
             }
             assert stack.cloud.proc is not None
             processes[MOTO] = _record(MOTO, stack.cloud.proc.pid, stack.cloud.log)
+            endpoint = stack.cloud.url
+            if cloud is not None:  # the aws-like profile: a proxy in front of moto
+                proxy = AwsLikeProxy(
+                    upstream=stack.cloud.url,
+                    profile=cloud.name,
+                    args=cloud.args,
+                    log=self.dev_dir / "awslike.log",
+                )
+                proxy.start()
+                assert proxy.proc is not None
+                processes[PROXY] = _record(PROXY, proxy.proc.pid, self.dev_dir / "awslike.log")
+                endpoint = proxy.url
             state = {
                 "version": STATE_VERSION,
                 "data_dir": str(data_dir),
                 "controlplane": cp_state.to_json(),
                 "kubeconfig": str(kubeconfig),
                 "moto_url": stack.cloud.url,
+                "cloud_profile": cloud.name if cloud else "instant",
+                "cloud_url": endpoint,
                 "with_operator": with_operator,
                 "processes": processes,
             }
             if with_operator:
                 self._start_operator(state)
         except BaseException:
+            if proxy is not None:
+                proxy.stop()
             stack.stop()
             shutil.rmtree(data_dir, ignore_errors=True)
             raise
@@ -376,7 +402,7 @@ class DevStack:
     def _start_operator(self, state: dict) -> None:
         operator = OperatorProcess(
             kubeconfig=state["kubeconfig"],
-            endpoint_url=state["moto_url"],
+            endpoint_url=state.get("cloud_url", state["moto_url"]),
             log=self.dev_dir / "operator.log",
         )
         try:
@@ -395,7 +421,7 @@ class DevStack:
             kubeconfig.chmod(0o600)
         env_lines = {
             "KUBECONFIG": str(kubeconfig.resolve()),
-            **aws_env(state["moto_url"]),
+            **aws_env(state.get("cloud_url", state["moto_url"])),
             "PROVISIONER_CLUSTER_ID": DEV_CLUSTER_ID,
         }
         text = "".join(f"export {k}={v}\n" for k, v in env_lines.items())

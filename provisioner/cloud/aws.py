@@ -12,7 +12,7 @@ import re
 import threading
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import boto3
@@ -22,6 +22,7 @@ import tenacity
 
 from provisioner.cloud import errors
 from provisioner.cloud.base import ErrorCodes
+from provisioner.cloud.budget import BudgetSettings, CallBudget
 
 T = TypeVar("T")
 
@@ -142,6 +143,8 @@ class AwsSettings:
     max_wait: float = 4.0
     connect_timeout: float = 5.0
     read_timeout: float = 30.0
+    # The client-side call budget (provisioner/cloud/budget.py).
+    budget: BudgetSettings = field(default_factory=BudgetSettings)
 
 
 class CallCounter:
@@ -175,6 +178,7 @@ class Aws:
         self._session = boto3.session.Session()
         self._lock = threading.Lock()
         self._clients: dict[tuple[str, str], Any] = {}
+        self.budget = CallBudget(settings.budget)
 
     def client(self, service: str, region: str | None = None) -> Any:
         region = region or self.settings.region
@@ -212,7 +216,7 @@ class Aws:
         for attempt in retrying:
             with attempt:
                 try:
-                    return fn(*args, **kwargs)
+                    return self.budget.run(fn, *args, **kwargs)
                 except errors.CloudError:
                     raise
                 except Exception as exc:  # noqa: BLE001 - classified right here

@@ -10,6 +10,7 @@ import pytest
 from provisioner import kinds
 from provisioner.cloud import errors
 from provisioner.cloud.aws import Aws, AwsSettings, classify
+from provisioner.cloud.budget import CallBudget
 from provisioner.cloud.s3 import S3Client
 from provisioner.kinds import ERROR_CODES
 from provisioner.models import Resource
@@ -125,6 +126,7 @@ class FakeAws:
     def __init__(self, s3: FakeS3) -> None:
         self.settings = AwsSettings(region="eu-west-1", attempts=1, max_wait=0.0)
         self.codes = ERROR_CODES
+        self.budget = CallBudget(self.settings.budget)
         self.s3 = s3
 
     def client(self, service: str, region: str | None = None) -> Any:

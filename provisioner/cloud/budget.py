@@ -1,0 +1,322 @@
+"""A client-side budget of AWS calls, so that throttling is absorbed before it becomes a condition.
+
+One token bucket per (region, service) of the operator's account, shared by every worker
+thread, plus one per documented action group (SQS tagging actions). The buckets start at
+the limits AWS documents and adapt to what the cloud says:
+
+- every call takes a token first, waiting for one when the bucket is empty;
+- a throttling answer halves the bucket's refill rate (never below 5 % of the documented
+  rate), shrinks its size in proportion and empties it (multiplicative decrease);
+- every call that is not throttled gives back 2 % of the documented rate (additive
+  increase), up to the documented rate.
+
+A throttled call is retried inside `run`, after the shrunken budget lets it go again, for as
+long as its bucket has been throttled for less than `max_throttled_seconds` without one call
+getting through; past that the throttling error is raised and the reconciler reports it.
+
+One operator process speaks for one AWS account (one credential chain), so the account is
+implicit in the key. Documented limits (the sources are in docs/api.md):
+
+- RDS: 300 requests in a burst, 12 per second sustained, per account and region
+  (https://docs.aws.amazon.com/AmazonRDS/latest/UserGuide/rds-api-throttling.html);
+- SQS: tagging actions (TagQueue, UntagQueue, ListQueueTags) 5 per second per account
+  (https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/quotas-queues.html);
+  no published limit for the other queue actions, so no bucket for them;
+- S3: 3,500 PUT/COPY/POST/DELETE and 5,500 GET/HEAD per second per partitioned prefix
+  (https://docs.aws.amazon.com/AmazonS3/latest/userguide/optimizing-performance.html): the
+  write rate, the lower one, for the whole service.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import botocore.exceptions
+
+T = TypeVar("T")
+
+# Error codes that mean "too many requests" and nothing else (5xx and name holds are not).
+THROTTLE_CODES = frozenset(
+    {
+        "Throttling",
+        "ThrottlingException",
+        "ThrottledException",
+        "RequestThrottled",
+        "RequestThrottledException",
+        "TooManyRequestsException",
+        "RequestLimitExceeded",
+        "SlowDown",
+        "PriorRequestNotComplete",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A token bucket's size and refill rate (tokens per second)."""
+
+    burst: float
+    rate: float
+
+
+DEFAULT_LIMITS: dict[str, Limit | None] = {
+    "rds": Limit(burst=300, rate=12),
+    "sqs.tagging": Limit(burst=5, rate=5),
+    "s3": Limit(burst=3500, rate=3500),
+}
+# Operations that AWS limits as a group of their own: service -> operation -> group.
+DEFAULT_GROUPS: dict[str, dict[str, str]] = {
+    "sqs": {"TagQueue": "tagging", "UntagQueue": "tagging", "ListQueueTags": "tagging"},
+}
+
+
+class BudgetSpecError(ValueError):
+    """A budget specification that does not parse; the message says which part."""
+
+
+KNOWN_NAMES = frozenset(
+    {"rds", "sqs", "s3"}
+    | {f"{service}.{group}" for service, ops in DEFAULT_GROUPS.items() for group in ops.values()}
+)
+
+
+def parse_limits(spec: str) -> dict[str, Limit | None]:
+    """`rds=300:12,sqs.tagging=5:5,s3=off` -> overrides of DEFAULT_LIMITS (None: no bucket)."""
+    limits: dict[str, Limit | None] = {}
+    for part in (p.strip() for p in spec.split(",")):
+        if not part:
+            continue
+        name, sep, value = part.partition("=")
+        name, value = name.strip(), value.strip()
+        if not sep or not name:
+            raise BudgetSpecError(f"AWS call budget {part!r}: expected NAME=BURST:RATE or NAME=off")
+        if name not in KNOWN_NAMES:
+            known = ", ".join(sorted(KNOWN_NAMES))
+            raise BudgetSpecError(f"AWS call budget {part!r}: unknown name {name!r} ({known})")
+        if value == "off":
+            limits[name] = None
+            continue
+        burst, sep, rate = value.partition(":")
+        try:
+            parsed = Limit(burst=float(burst), rate=float(rate))
+        except ValueError:
+            parsed = None
+        if not sep or parsed is None or parsed.burst < 1 or parsed.rate <= 0:
+            raise BudgetSpecError(
+                f"AWS call budget {part!r}: BURST must be >= 1 and RATE > 0 (e.g. rds=300:12)"
+            )
+        limits[name] = parsed
+    return limits
+
+
+@dataclass(frozen=True)
+class BudgetSettings:
+    limits: dict[str, Limit | None] = field(default_factory=lambda: dict(DEFAULT_LIMITS))
+    groups: dict[str, dict[str, str]] = field(default_factory=lambda: dict(DEFAULT_GROUPS))
+    # How long a bucket may stay throttled, with no call getting through, before a throttled
+    # call fails (and the resource shows Synced=False, ReconcileError).
+    max_throttled_seconds: float = 60.0
+    decrease: float = 0.5
+    recovery: float = 0.02
+    floor: float = 0.05
+
+    @classmethod
+    def from_spec(cls, spec: str = "", max_throttled_seconds: float = 60.0) -> BudgetSettings:
+        if max_throttled_seconds < 0:
+            raise BudgetSpecError("AWS call budget: max throttled seconds must be >= 0")
+        return cls(
+            limits={**DEFAULT_LIMITS, **parse_limits(spec)},
+            max_throttled_seconds=max_throttled_seconds,
+        )
+
+
+class Bucket:
+    """One adaptive token bucket. Not locked itself: CallBudget holds the lock."""
+
+    def __init__(self, name: str, limit: Limit, settings: BudgetSettings, now: float) -> None:
+        self.name = name
+        self.limit = limit
+        self.settings = settings
+        self.rate = limit.rate
+        self.capacity = limit.burst
+        self.tokens = limit.burst
+        self.updated = now
+        self.throttled_since: float | None = None
+
+    def _refill(self, now: float) -> None:
+        self.tokens = min(self.capacity, self.tokens + (now - self.updated) * self.rate)
+        self.updated = now
+
+    def reserve(self, now: float) -> float:
+        """Take a token (possibly one not there yet); seconds to wait before using it."""
+        self._refill(now)
+        self.tokens -= 1
+        return 0.0 if self.tokens >= 0 else -self.tokens / self.rate
+
+    def throttled(self, now: float) -> None:
+        self._refill(now)
+        floor = self.limit.rate * self.settings.floor
+        self.rate = max(floor, self.rate * self.settings.decrease)
+        self._resize()
+        self.tokens = min(self.tokens, 0.0)
+        if self.throttled_since is None:
+            self.throttled_since = now
+
+    def succeeded(self, now: float) -> None:
+        self._refill(now)
+        self.rate = min(self.limit.rate, self.rate + self.limit.rate * self.settings.recovery)
+        self._resize()
+        self.throttled_since = None
+
+    def _resize(self) -> None:
+        self.capacity = max(1.0, self.limit.burst * self.rate / self.limit.rate)
+        self.tokens = min(self.tokens, self.capacity)
+
+    def throttled_for(self, now: float) -> float:
+        return 0.0 if self.throttled_since is None else now - self.throttled_since
+
+
+class BudgetListeners:
+    """Who hears of waits and throttles (the Prometheus metrics register here)."""
+
+    def __init__(self) -> None:
+        self.on_wait: list[Callable[[str, float], None]] = []
+        self.on_throttle: list[Callable[[str], None]] = []
+
+    def waited(self, service: str, seconds: float) -> None:
+        for listener in self.on_wait:
+            listener(service, seconds)
+
+    def throttle(self, service: str) -> None:
+        for listener in self.on_throttle:
+            listener(service)
+
+
+LISTENERS = BudgetListeners()
+# Every live budget, for the tokens gauge.
+ACTIVE: weakref.WeakSet[CallBudget] = weakref.WeakSet()
+
+
+def _throttle_code(exc: BaseException) -> str | None:
+    if isinstance(exc, botocore.exceptions.ClientError):
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        return code if code in THROTTLE_CODES else None
+    return None
+
+
+def _client_of(fn: Callable[..., Any]) -> tuple[str, str, str] | None:
+    """(service, region, operation) of a bound boto3 client method, else None."""
+    meta = getattr(getattr(fn, "__self__", None), "meta", None)
+    service_model = getattr(meta, "service_model", None)
+    if meta is None or service_model is None:
+        return None
+    operation = meta.method_to_api_mapping.get(getattr(fn, "__name__", ""), "")
+    return service_model.service_name, str(meta.region_name), operation
+
+
+class CallBudget:
+    """The operator's AWS call budget; `run` is what Aws.call wraps every call in."""
+
+    def __init__(
+        self,
+        settings: BudgetSettings | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.settings = settings or BudgetSettings()
+        self.clock = clock
+        self.sleep = sleep
+        self._lock = threading.Lock()
+        self._buckets: dict[tuple[str, str], Bucket] = {}
+        ACTIVE.add(self)
+
+    def buckets_for(self, service: str, region: str, operation: str) -> list[Bucket]:
+        """The buckets a call takes tokens from: its service's, then its group's."""
+        names = [service]
+        group = self.settings.groups.get(service, {}).get(operation)
+        if group:
+            names.append(f"{service}.{group}")
+        found = []
+        with self._lock:
+            for name in names:
+                limit = self.settings.limits.get(name)
+                if limit is None:
+                    continue
+                bucket = self._buckets.get((region, name))
+                if bucket is None:
+                    bucket = Bucket(name, limit, self.settings, self.clock())
+                    self._buckets[(region, name)] = bucket
+                found.append(bucket)
+        return found
+
+    def acquire(self, service: str, buckets: list[Bucket]) -> float:
+        """Take a token from each bucket, waiting as long as the emptiest one needs."""
+        with self._lock:
+            now = self.clock()
+            wait = max((bucket.reserve(now) for bucket in buckets), default=0.0)
+        if wait > 0:
+            LISTENERS.waited(service, wait)
+            self.sleep(wait)
+        return wait
+
+    def run(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Call `fn` within the budget; absorb throttling as long as the settings allow."""
+        called = _client_of(fn)
+        if called is None:
+            return fn(*args, **kwargs)
+        service, region, operation = called
+        buckets = self.buckets_for(service, region, operation)
+        if not buckets:
+            return fn(*args, **kwargs)
+        while True:
+            self.acquire(service, buckets)
+            try:
+                result = fn(*args, **kwargs)
+            except Exception as exc:
+                if _throttle_code(exc) is None:
+                    if isinstance(exc, botocore.exceptions.ClientError):
+                        self._succeeded(buckets)  # the cloud answered: not a throttle
+                    raise
+                if not self.throttled(service, buckets):
+                    raise
+                continue
+            self._succeeded(buckets)
+            return result
+
+    def throttled(self, service: str, buckets: list[Bucket]) -> bool:
+        """Shrink the bucket the throttle is blamed on; whether to try the call again."""
+        blamed = buckets[-1]  # a group's own limit is the narrower one
+        LISTENERS.throttle(service)
+        with self._lock:
+            now = self.clock()
+            blamed.throttled(now)
+            return blamed.throttled_for(now) <= self.settings.max_throttled_seconds
+
+    def _succeeded(self, buckets: list[Bucket]) -> None:
+        with self._lock:
+            now = self.clock()
+            for bucket in buckets:
+                bucket.succeeded(now)
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """Each bucket's state now: region, name, tokens, rate, capacity."""
+        with self._lock:
+            now = self.clock()
+            rows = []
+            for (region, name), bucket in sorted(self._buckets.items()):
+                bucket._refill(now)
+                rows.append(
+                    {
+                        "region": region,
+                        "bucket": name,
+                        "tokens": bucket.tokens,
+                        "rate": bucket.rate,
+                        "capacity": bucket.capacity,
+                    }
+                )
+            return rows
