@@ -21,10 +21,12 @@ import asyncio
 import dataclasses
 import logging
 import random
+import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from provisioner import annotation_keys, connection_secret, kinds
@@ -51,6 +53,11 @@ def backoff(retry: int, base: float = RETRY_BASE, cap: float = RETRY_CAP) -> flo
     """Exponential backoff with +-20% jitter so that many resources spread out."""
     delay: float = min(cap, base * (2 ** min(retry, 16)))
     return round(delay * random.uniform(0.8, 1.2), 2)
+
+
+def _at(delay: float) -> str:
+    """The wall-clock time `delay` seconds from now, as people read it in a message."""
+    return (datetime.now(UTC) + timedelta(seconds=delay)).strftime("%H:%M:%S UTC")
 
 
 @dataclass(frozen=True)
@@ -137,6 +144,9 @@ class Reconciler:
         # Resources whose last pass was a resync that failed with a retryable error. Their
         # change handlers are done, so nothing but the next resync looks at them again.
         self.failed_resyncs: set[str] = set()
+        # Fields written recently to kinds whose reads may lag behind writes (SQS): uid ->
+        # field -> (value written, monotonic time until which an old value may still show).
+        self.recent_writes: dict[str, dict[str, tuple[Any, float]]] = {}
 
     # -- helpers ------------------------------------------------------------------
 
@@ -152,6 +162,44 @@ class Reconciler:
         self.locks.pop(uid, None)
         self.pending_passwords.pop(uid, None)
         self.failed_resyncs.discard(uid)
+        self.recent_writes.pop(uid, None)
+
+    async def _observe(self, client: ExternalClient, resource: Resource) -> Observation:
+        """Observe, leaving out what the cloud may not show yet: a field written within its
+        kind's settle time whose read still shows another value is neither written again nor
+        drift. Those fields are kept in `status.settling` until the cloud shows them."""
+        obs = await self.in_thread(client.observe, resource)
+        written = self.recent_writes.get(resource.uid)
+        if not written:
+            return obs
+        now = time.monotonic()
+        settling = [
+            d
+            for d in obs.diffs
+            if d.field in written and written[d.field][1] > now and d.desired == written[d.field][0]
+        ]
+        for field_name in [f for f, (_, until) in written.items() if until <= now]:
+            del written[field_name]
+        for d in obs.diffs:
+            if d.field in written and d not in settling:
+                del written[d.field]  # the cloud shows something else: no longer settling
+        for field_name in [f for f in written if f not in {d.field for d in obs.diffs}]:
+            del written[field_name]  # the cloud shows it now
+        if not written:
+            self.recent_writes.pop(resource.uid, None)
+        if settling:
+            obs.diffs = [d for d in obs.diffs if d not in settling]
+            obs.settling = [d.field for d in settling]
+        return obs
+
+    def _remember_writes(self, resource: Resource, written: list[FieldDiff]) -> None:
+        settle = kinds.descriptor(resource.kind).settle_seconds
+        if settle <= 0 or not written:
+            return
+        until = time.monotonic() + settle
+        self.recent_writes.setdefault(resource.uid, {}).update(
+            {d.field: (d.desired, until) for d in written}
+        )
 
     @staticmethod
     def _is_ours(resource: Resource, obs: Observation) -> bool:
@@ -340,7 +388,7 @@ class Reconciler:
         resource = dataclasses.replace(resource, resolved=resolved)
 
         conditions: list[cond.Condition] = []
-        obs = await self.in_thread(client.observe, resource)
+        obs = await self._observe(client, resource)
         if obs.exists and not self._is_ours(resource, obs):
             return self._name_conflict(resource, obs)
         if not obs.exists:
@@ -358,7 +406,7 @@ class Reconciler:
         pending = [d for d in obs.diffs if not self._reported_only(resource, d, requested)]
         if pending:
             return self._pending(resource, pending, retry, fields, conditions, events)
-        return await self._ready(resource, client, obs, fields, conditions, events)
+        return await self._ready(resource, client, obs, retry, fields, conditions, events)
 
     async def _resolve_dependencies(
         self, resource: Resource, retry: int
@@ -403,12 +451,12 @@ class Reconciler:
         except errors.ConflictError:
             # An earlier attempt may have succeeded with its answer lost on the way
             # back: "already exists" is ours if the tags say so.
-            obs = await self.in_thread(client.observe, resource)
+            obs = await self._observe(client, resource)
             if not (obs.exists and self._is_ours(resource, obs)):
                 raise
         crashpoint("after-create")
         events.append(Event("Normal", "Created", f"created {resource.kind} {name}"))
-        return await self.in_thread(client.observe, resource)
+        return await self._observe(client, resource)
 
     @staticmethod
     def _reported_only(resource: Resource, diff: FieldDiff, requested: Requested) -> bool:
@@ -448,10 +496,11 @@ class Reconciler:
         if not to_write:
             return obs
         await self.in_thread(client.update, resource, obs, to_write)
+        self._remember_writes(resource, to_write)
         if changes:
             updated = ", ".join(d.field for d in changes)
             events.append(Event("Normal", "Updated", f"updated {updated}"))
-        return await self.in_thread(client.observe, resource)
+        return await self._observe(client, resource)
 
     @staticmethod
     def _creating(resource: Resource, retry: int, events: list[Event]) -> Result:
@@ -524,6 +573,7 @@ class Reconciler:
         resource: Resource,
         client: ExternalClient,
         obs: Observation,
+        retry: int,
         fields: dict[str, Any],
         conditions: list[cond.Condition],
         events: list[Event],
@@ -535,14 +585,27 @@ class Reconciler:
             f"{resource.external_name} is available; "
             f"connection Secret {resource.secret_name} is written"
         )
+        if pending := obs.status.get("pendingChanges"):
+            available += f"; the cloud is applying: {pending}"
+        synced = ""
+        requeue_after = None
+        if obs.settling:
+            # Written just now; reads may lag (SQS: up to 60 s). Look again to confirm.
+            settle = kinds.descriptor(resource.kind).settle_seconds
+            synced = (
+                f"written: {', '.join(obs.settling)}; the cloud may show the previous value "
+                f"for up to {settle:.0f} s"
+            )
+            requeue_after = backoff(retry, WAIT_BASE, WAIT_CAP)
         return Result(
             conditions=[
                 cond.Condition(cond.READY, True, cond.AVAILABLE, available),
-                cond.Condition(cond.SYNCED, True, cond.RECONCILE_SUCCESS),
+                cond.Condition(cond.SYNCED, True, cond.RECONCILE_SUCCESS, synced),
                 *conditions,
             ],
             fields=fields,
             events=events,
+            requeue_after=requeue_after,
         )
 
     @staticmethod
@@ -747,8 +810,25 @@ class Reconciler:
                 ],
                 requeue_after=backoff(retry) if deleting else None,
             )
+        if isinstance(exc, errors.NameHeldError) and not deleting:
+            delay = backoff(retry, WAIT_BASE, WAIT_CAP)
+            message = (
+                f"AWS still holds the name {resource.external_name} after a recent deletion "
+                f"({exc}); trying again in {delay:.0f} s, at about {_at(delay)}"
+            )
+            return Result(
+                conditions=[
+                    cond.Condition(cond.READY, False, cond.CREATING, message),
+                    cond.Condition(cond.SYNCED, True, cond.RECONCILE_SUCCESS),
+                ],
+                fields={"externalName": resource.external_name},
+                requeue_after=delay,
+            )
         delay = backoff(retry)
-        if isinstance(exc, connection_secret.SecretConflict):
+        if isinstance(exc, errors.RetryLaterError):
+            delay = exc.retry_after
+            message = f"{exc}; trying again in {delay:.0f} s, at about {_at(delay)}"
+        elif isinstance(exc, connection_secret.SecretConflict):
             message = str(exc)
         elif isinstance(exc, errors.CredentialsError):
             message = str(exc)

@@ -73,6 +73,7 @@ def merge_codes(codes: list[ErrorCodes]) -> ErrorCodes:
         not_found=frozenset(NOT_FOUND_CODES).union(*(c.not_found for c in codes)),
         conflict=frozenset(CONFLICT_CODES).union(*(c.conflict for c in codes)),
         retryable=frozenset(THROTTLING_CODES).union(*(c.retryable for c in codes)),
+        name_held=frozenset().union(*(c.name_held for c in codes)),
     )
 
 
@@ -95,6 +96,8 @@ def classify(exc: BaseException, codes: ErrorCodes = SHARED_CODES) -> errors.Clo
             )
         if code in codes.not_found or (http == 404 and code not in codes.conflict):
             return errors.NotFoundError(message, code)
+        if code in codes.name_held:
+            return errors.NameHeldError(message, code)
         if code in CREDENTIALS_CODES:
             return errors.CredentialsError(f"AWS credentials were rejected: {message}", code)
         if code in codes.retryable or http >= 500 or http == 429:

@@ -53,6 +53,9 @@ class Observation:
     # What the client read and needs again in update or delete (a queue's URL, the tags it
     # found), so that those calls do not read it a second time. Only the client reads it.
     client_state: dict[str, Any] = field(default_factory=dict)
+    # Fields just written that the cloud may still show with their previous value (set by
+    # the reconciler, never by a client).
+    settling: list[str] = field(default_factory=list)
 
     def owned_by(self, resource: Resource) -> bool:
         return self.owner_uid == resource.uid
@@ -125,6 +128,8 @@ class ErrorCodes:
     not_found: frozenset[str] = frozenset()
     conflict: frozenset[str] = frozenset()
     retryable: frozenset[str] = frozenset()
+    # The name is held after a recent deletion: creating waits until the cloud lets it go.
+    name_held: frozenset[str] = frozenset()
 
 
 def no_dependencies(spec: Any) -> list[Dependency]:
@@ -158,6 +163,10 @@ class KindDescriptor:
     dependencies: Callable[[Any], list[Dependency]] = no_dependencies
     # Offered by LocalStack's free edition (the operator's LocalStack tests run these).
     on_localstack: bool = True
+    # How long reads may still show a field's previous value after a write (SQS: "up to 60
+    # seconds" after SetQueueAttributes). Within it, a read that shows the old value of a
+    # field just written is neither written again nor reported as drift.
+    settle_seconds: float = 0.0
 
 
 def owner_of(tags: dict[str, str]) -> str:

@@ -50,5 +50,19 @@ class DeletionBlocked(CloudError):
     """The cloud refuses to delete for a reason the user must fix (objects in a bucket)."""
 
 
+class NameHeldError(CloudError):
+    """The cloud holds the name for a while after a resource of that name was deleted
+    (SQS QueueDeletedRecently for 60 s, S3 OperationAborted): creating waits, no error."""
+
+
+class RetryLaterError(CloudError):
+    """The cloud refuses the change for now for a documented reason (an RDS storage change
+    within 6 hours of the previous one): retried after `retry_after` seconds, not sooner."""
+
+    def __init__(self, message: str, code: str = "", retry_after: float = 600.0) -> None:
+        super().__init__(message, code)
+        self.retry_after = retry_after
+
+
 class NotSupportedError(TerminalError):
     """The endpoint does not offer this service at all (e.g. RDS on LocalStack's free edition)."""

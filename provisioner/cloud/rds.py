@@ -70,8 +70,13 @@ MODIFY_PARAM = {field: key for field, _, key in MUTABLE} | {"spec.port": "DBPort
 # States in which the instance exists and serves connections (Ready stays True);
 # "configuring-*" states count too.
 USABLE_STATES = set(
-    "available modifying backing-up upgrading rebooting storage-optimization".split()
+    "available modifying backing-up upgrading rebooting storage-optimization "
+    "resetting-master-credentials".split()
 )
+# After a storage change AWS refuses the next one "for six (6) hours or until storage
+# optimization has completed on the instance, whichever is longer"
+# (https://docs.aws.amazon.com/AmazonRDS/latest/UserGuide/USER_PIOPS.StorageTypes.html).
+STORAGE_RETRY_SECONDS = 600.0
 
 
 class RdsClient:
@@ -112,7 +117,10 @@ class RdsClient:
                 "engine": instance.get("Engine", ""),
                 "arn": arn,
             },
-            status={"endpoint": f"{host}:{port}" if host else ""},
+            status={
+                "endpoint": f"{host}:{port}" if host else "",
+                "pendingChanges": _pending(instance),
+            },
             client_state={"instance": instance},
         )
 
@@ -167,12 +175,22 @@ class RdsClient:
         version = changes.get("spec.engineVersion")
         if version is not None and _is_major_upgrade(resource.spec.engine, version):
             params["AllowMajorVersionUpgrade"] = True
-        self.aws.call(
-            rds.modify_db_instance,
-            DBInstanceIdentifier=resource.external_name,
-            ApplyImmediately=True,
-            **params,
-        )
+        try:
+            self.aws.call(
+                rds.modify_db_instance,
+                DBInstanceIdentifier=resource.external_name,
+                ApplyImmediately=True,
+                **params,
+            )
+        except errors.TerminalError as exc:
+            if "storage" in exc.message and "optimiz" in exc.message:
+                raise errors.RetryLaterError(
+                    f"{exc.message} AWS allows one storage change per six hours, and only once "
+                    "the previous one is optimized; the other changes wait with it",
+                    exc.code,
+                    retry_after=STORAGE_RETRY_SECONDS,
+                ) from None
+            raise
 
     def delete(self, resource: Resource, observation: Observation) -> None:
         if observation.deleting or resource.deletion_policy == "Retain":
@@ -212,6 +230,12 @@ class RdsClient:
             MasterUserPassword=password,
             ApplyImmediately=True,
         )
+
+
+def _pending(instance: dict[str, Any]) -> str:
+    """The modifications the cloud accepted and has not applied yet ("" when none)."""
+    pending = instance.get("PendingModifiedValues") or {}
+    return ", ".join(f"{k}={v}" for k, v in sorted(pending.items()) if k != "MasterUserPassword")
 
 
 def _tags(instance: dict[str, Any]) -> dict[str, str]:

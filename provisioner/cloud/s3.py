@@ -310,6 +310,9 @@ KIND = KindDescriptor(
             }
         ),
         conflict=frozenset({"BucketAlreadyExists"}),
-        retryable=frozenset({"SlowDown", "OperationAborted"}),
+        retryable=frozenset({"SlowDown"}),
+        # "A conflicting conditional operation is currently in progress against this
+        # resource": what CreateBucket answers while a just-deleted bucket's name is held.
+        name_held=frozenset({"OperationAborted"}),
     ),
 )

@@ -241,8 +241,12 @@ KIND = KindDescriptor(
         conflict=frozenset(
             {"QueueAlreadyExists", "QueueNameExists", "AWS.SimpleQueueService.QueueNameExists"}
         ),
-        retryable=frozenset(
+        name_held=frozenset(
             {"AWS.SimpleQueueService.QueueDeletedRecently", "QueueDeletedRecently"}
         ),
     ),
+    # SetQueueAttributes: "can take up to 60 seconds for most of the attributes to propagate
+    # throughout the Amazon SQS system" (https://docs.aws.amazon.com/AWSSimpleQueueService/
+    # latest/APIReference/API_SetQueueAttributes.html).
+    settle_seconds=60.0,
 )

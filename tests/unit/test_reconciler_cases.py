@@ -843,14 +843,15 @@ CASES = [
         last_handled=SAME,
     ),
     case(
-        "pending-not-applied",
-        "A write the cloud does not show yet keeps Synced=False and is retried.",
+        "written-settling",
+        "SQS reads may show an attribute's old value for up to 60 s after a write: the pass "
+        "stays Synced, says so, and looks again instead of writing twice or crying drift.",
         Expect(
-            conditions={cond.READY: READY, cond.SYNCED: RETRYING},
+            conditions={cond.READY: READY, cond.SYNCED: SYNCED},
             writes=["update"],
-            events=[n("Updated"), w("ReconcileError")],
+            events=[n("Updated")],
             requeue=True,
-            message_has={cond.SYNCED: "the cloud has not applied"},
+            message_has={cond.SYNCED: "may show the previous value"},
         ),
         **{**SETTLED_QUEUE, "cloud": OLD_VIS},
         generation=2,
@@ -1196,6 +1197,43 @@ CASES = [
         spec={"visibilityTimeoutSeconds": 60},
         last_handled={},
         script=fail("update", errors.RetryableError("Service unavailable", "ServiceUnavailable")),
+    ),
+    case(
+        "create-name-held",
+        "A name AWS still holds after a deletion (QueueDeletedRecently) is waited out: "
+        "Ready=False saying until about when, Synced stays True, no error Event storm.",
+        Expect(
+            conditions={cond.READY: (False, cond.CREATING), cond.SYNCED: SYNCED},
+            writes=["create"],
+            events=[n("Creating")],
+            requeue=True,
+            message_has={cond.READY: "still holds the name"},
+        ),
+        script=fail(
+            "create",
+            errors.NameHeldError("the queue was deleted recently", "QueueDeletedRecently"),
+        ),
+    ),
+    case(
+        "update-retry-later",
+        "A change the cloud refuses for a documented time (one RDS storage change per 6 h) "
+        "waits that long, saying so, instead of retrying every few seconds.",
+        Expect(
+            conditions={cond.READY: READY, cond.SYNCED: RETRYING},
+            writes=["update"],
+            events=[w("ReconcileError")],
+            requeue=True,
+            message_has={cond.SYNCED: "trying again in 600 s"},
+        ),
+        **{**SETTLED_QUEUE, "cloud": OLD_VIS},
+        generation=2,
+        settled_at=1,
+        spec={"visibilityTimeoutSeconds": 60},
+        last_handled={},
+        script=fail(
+            "update",
+            errors.RetryLaterError("storage is being optimized", "InvalidParameterCombination"),
+        ),
     ),
     case(
         "resync-failure",
