@@ -147,6 +147,10 @@ class Reconciler:
         # Fields written recently to kinds whose reads may lag behind writes (SQS): uid ->
         # field -> (value written, monotonic time until which an old value may still show).
         self.recent_writes: dict[str, dict[str, tuple[Any, float]]] = {}
+        # Resources whose change handler is requeued (waiting on the cloud: `creating`, a name
+        # held, a write settling). It looks again itself, with its own backoff; a resync in
+        # between would only poll the cloud once more.
+        self.requeued: set[str] = set()
 
     # -- helpers ------------------------------------------------------------------
 
@@ -163,6 +167,7 @@ class Reconciler:
         self.pending_passwords.pop(uid, None)
         self.failed_resyncs.discard(uid)
         self.recent_writes.pop(uid, None)
+        self.requeued.discard(uid)
 
     async def _observe(self, client: ExternalClient, resource: Resource) -> Observation:
         """Observe, leaving out what the cloud may not show yet: a field written within its
@@ -298,6 +303,7 @@ class Reconciler:
         requested = requested_fields(last_handled_spec, body.get("spec") or {})
         async with self.passes_in_flight, self.locks[resource.uid]:
             self.failed_resyncs.discard(resource.uid)  # the change handlers retry from here
+            self.requeued.discard(resource.uid)
             if resource.paused:
                 return self._paused(resource), resource
             asked_to_reconcile = resource.reconcile_request_pending
@@ -313,6 +319,8 @@ class Reconciler:
                 result.fields["lastReconcileRequest"] = resource.annotation(
                     annotation_keys.RECONCILE_REQUESTED_AT
                 )
+            if result.requeue_after is not None:
+                self.requeued.add(resource.uid)
             return result, resource
 
     async def resync(self, body: Mapping[str, Any]) -> tuple[Result, Resource] | None:
@@ -321,6 +329,8 @@ class Reconciler:
         if resource.paused or not (self.settled(resource) or resource.uid in self.failed_resyncs):
             return None
         async with self.passes_in_flight, self.locks[resource.uid]:
+            if resource.uid in self.requeued:
+                return None  # its change handler looks again by itself, with its backoff
             events: list[Event] = []
             try:
                 result = await self._sync(resource, 0, NOTHING_REQUESTED, events, resync=True)

@@ -458,6 +458,10 @@ def skipped_second_pass(world: World) -> None:
     assert [c.method for c in world.cloud.calls].count("observe") == 1
 
 
+def only_calls(world: World, methods: list[str]) -> None:
+    assert [c.method for c in world.cloud.calls] == methods, world.cloud.calls
+
+
 # -- the table -------------------------------------------------------------------------------
 
 SETTLED_QUEUE: dict[str, Any] = {"status": "settled", "cloud": {}, "secret": "ours"}
@@ -1291,6 +1295,35 @@ CASES = [
         generation=2,
         settled_at=1,
         entry="resync",
+    ),
+    case(
+        "resync-waits-while-creating",
+        "A resource the change handler waits on (creating) is polled by its backoff alone.",
+        Expect(
+            skipped=True,
+            writes=["create"],
+            events=[n("Created"), n("Creating")],
+            check=lambda world: only_calls(world, ["observe", "create", "observe"]),
+        ),
+        kind="DatabaseInstance",
+        script=cloud_knob(create_state="creating"),
+        sequence=("reconcile", "resync"),
+    ),
+    case(
+        "resync-again-once-handler-done",
+        "Once the change handler has finished waiting, the resync checks the resource again.",
+        Expect(
+            writes=["create"],
+            events=[n("Created"), n("Creating"), n("Available")],
+            secret_writes=["create"],
+            check=lambda world: only_calls(
+                world, ["observe", "create", "observe", "observe", "observe"]
+            ),
+        ),
+        kind="DatabaseInstance",
+        script=cloud_knob(create_state="creating"),
+        between=become_available,
+        sequence=("reconcile", "resync", "reconcile", "resync"),
     ),
     # -- deletion ----------------------------------------------------------------------------
     case(
