@@ -175,7 +175,9 @@ def test_creating_database_waits_with_backoff_while_others_go_ready(
     # 12 minutes of `creating` (the top of AWS's range), at the profile's own scale (30): 24 s,
     # time enough for 50 others to be created meanwhile on a busy machine.
     cloud = aws_like(30, rds_create=720, rds_backup=60)
-    start_operator(endpoint_url=cloud.proxy.url)
+    # A resync every 10 s: 25 queues re-read at 4 s would need more ListQueueTags than AWS's
+    # 5 per second for tagging actions, and the queues would wait for their turn.
+    start_operator(endpoint_url=cloud.proxy.url, args=["--resync-seconds=10"])
     started = time.monotonic()
     apply(kube, own_namespace, database("slow"))
     others = [("S3Bucket", f"b{i}", "{}") for i in range(25)]
@@ -217,7 +219,7 @@ def test_creating_database_waits_with_backoff_while_others_go_ready(
     assert others_ready_at is not None and others_ready_at[1] == "Creating", others_ready_at
     # Polled with backoff: the observe before the create and the one after it, then one per
     # requeue that fits in the wait at the shortest delays (the last one saw it usable), plus
-    # one for margin. The resync (every 4 s here) leaves a resource being waited on alone.
+    # one for margin. The resync (every 10 s here) leaves a resource being waited on alone.
     bound = 3 + requeues_within(waited)
     print(
         f"\ndatabase Ready {waited:.1f} s after it was applied, the cloud creating it until "
