@@ -6,7 +6,9 @@ the limits AWS documents and adapt to what the cloud says:
 
 - every call takes a token first, waiting for one when the bucket is empty;
 - a throttling answer halves the bucket's refill rate (never below 5 % of the documented
-  rate), shrinks its size in proportion and empties it (multiplicative decrease);
+  rate), shrinks its size in proportion and empties it (multiplicative decrease), once per
+  round: the throttles of calls that took their token before the last decrease were answered
+  by it already, so a burst of calls throttled together halves the rate once, not once each;
 - every call that is not throttled gives back 2 % of the documented rate (additive
   increase), up to the documented rate.
 
@@ -147,6 +149,9 @@ class Bucket:
         self.tokens = limit.burst
         self.updated = now
         self.throttled_since: float | None = None
+        # When the rate was last halved: throttles of calls that took their token before
+        # that add nothing.
+        self.decreased_at: float | None = None
 
     def _refill(self, now: float) -> None:
         self.tokens = min(self.capacity, self.tokens + (now - self.updated) * self.rate)
@@ -158,11 +163,15 @@ class Bucket:
         self.tokens -= 1
         return 0.0 if self.tokens >= 0 else -self.tokens / self.rate
 
-    def throttled(self, now: float) -> None:
+    def throttled(self, now: float, sent: float | None = None) -> None:
+        """A throttling answer to a call sent at `sent` (default: now)."""
         self._refill(now)
-        floor = self.limit.rate * self.settings.floor
-        self.rate = max(floor, self.rate * self.settings.decrease)
-        self._resize()
+        sent = now if sent is None else sent
+        if self.decreased_at is None or sent >= self.decreased_at:
+            floor = self.limit.rate * self.settings.floor
+            self.rate = max(floor, self.rate * self.settings.decrease)
+            self._resize()
+            self.decreased_at = now
         self.tokens = min(self.tokens, 0.0)
         if self.throttled_since is None:
             self.throttled_since = now
@@ -274,6 +283,9 @@ class CallBudget:
         if not buckets:
             return fn(*args, **kwargs)
         while True:
+            # A call counts from when it took its token: one that waited for a token taken
+            # before a decrease belongs to the round that decrease answered already.
+            sent = self.clock()
             self.acquire(service, buckets)
             try:
                 result = fn(*args, **kwargs)
@@ -282,19 +294,20 @@ class CallBudget:
                     if isinstance(exc, botocore.exceptions.ClientError):
                         self._succeeded(buckets)  # the cloud answered: not a throttle
                     raise
-                if not self.throttled(service, buckets):
+                if not self.throttled(service, buckets, sent):
                     raise
                 continue
             self._succeeded(buckets)
             return result
 
-    def throttled(self, service: str, buckets: list[Bucket]) -> bool:
-        """Shrink the bucket the throttle is blamed on; whether to try the call again."""
+    def throttled(self, service: str, buckets: list[Bucket], sent: float | None = None) -> bool:
+        """Shrink the bucket the throttle is blamed on (a call sent at `sent`); whether to
+        try the call again."""
         blamed = buckets[-1]  # a group's own limit is the narrower one
         LISTENERS.throttle(service)
         with self._lock:
             now = self.clock()
-            blamed.throttled(now)
+            blamed.throttled(now, sent)
             return blamed.throttled_for(now) <= self.settings.max_throttled_seconds
 
     def _succeeded(self, buckets: list[Bucket]) -> None:

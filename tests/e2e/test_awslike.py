@@ -216,7 +216,12 @@ def test_creating_database_waits_with_backoff_while_others_go_ready(
     assert seen[-1][2] in ("backing-up", "available"), seen[-1]
     # Everything applied after it went Ready while it was still being created: nothing waits
     # behind it.
-    assert others_ready_at is not None and others_ready_at[1] == "Creating", others_ready_at
+    not_ready = sorted(n for (_, n), o in found.items() if not is_true(o, "Ready"))
+    assert others_ready_at is not None and others_ready_at[1] == "Creating", (
+        others_ready_at,
+        not_ready,
+        cloud.stats()["throttles_by_action"],
+    )
     # Polled with backoff: the observe before the create and the one after it, then one per
     # requeue that fits in the wait at the shortest delays (the last one saw it usable), plus
     # one for margin. The resync (every 10 s here) leaves a resource being waited on alone.
@@ -225,7 +230,7 @@ def test_creating_database_waits_with_backoff_while_others_go_ready(
         f"\ndatabase Ready {waited:.1f} s after it was applied, the cloud creating it until "
         f"{left_creating:.1f} s ({len(seen)} looks); the 50 others all Ready at "
         f"{others_ready_at[0]:.1f} s (the cloud: {others_ready_at[2]}); DescribeDBInstances by "
-        f"the operator: {calls} (bound {bound})"
+        f"the operator: {calls} (bound {bound}); throttled: {cloud.stats()['throttles_by_action']}"
     )
     assert 3 <= calls <= bound, calls
     assert cloud.operator_calls("rds.CreateDBInstance") == 1

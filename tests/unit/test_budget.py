@@ -138,6 +138,20 @@ def test_the_rate_never_falls_below_its_floor():
     assert bucket.capacity == pytest.approx(5)
 
 
+def test_calls_throttled_together_halve_the_rate_once():
+    t = FakeTime()
+    budget = budget_with(t, rds=Limit(burst=100, rate=10))
+    bucket = rds_bucket(budget)
+    sent = t.now
+    t.now += 0.1
+    for _ in range(7):  # seven calls sent at once, all throttled: one congestion signal
+        bucket.throttled(t.now, sent)
+    assert bucket.rate == 5
+    t.now += 0.1
+    bucket.throttled(t.now, t.now - 0.05)  # sent after the decrease: throttled still, news
+    assert bucket.rate == 2.5
+
+
 def test_throttling_is_absorbed_until_the_bucket_was_throttled_too_long():
     t = FakeTime()
     settings = BudgetSettings(limits={"rds": Limit(burst=5, rate=1)}, max_throttled_seconds=30)
