@@ -168,6 +168,7 @@ def assert_reported_not_written(
     """The drift stays in the cloud and is reported once, as a Warning."""
     assert visibility_timeout(aws, url) == DRIFTED_TIMEOUT
     cr = get(kube, "queue", namespace, name)
+    assert cr is not None
     drifted = condition(cr, "Drifted")
     assert drifted is not None, cr["status"]
     assert (drifted["status"], drifted["reason"]) == ("True", "DriftReported"), drifted
