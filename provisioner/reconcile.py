@@ -238,6 +238,21 @@ class Reconciler:
             and resource.status.get("observedGeneration") == resource.generation
         )
 
+    @classmethod
+    def at_rest(cls, resource: Resource, body: Mapping[str, Any]) -> bool:
+        """Nothing asks for a pass now: the current generation was handled and is Ready and
+        Synced, no request (reconcile, password rotation) waits, the resource is neither
+        paused nor being deleted. A resume after a restart finds most resources like this;
+        their next look at the cloud is the periodic resync."""
+        return bool(
+            cls.settled(resource)
+            and cond.is_true(resource.status, cond.READY)
+            and not resource.paused
+            and not resource.reconcile_request_pending
+            and not resource.rotation_pending
+            and not (body.get("metadata") or {}).get("deletionTimestamp")
+        )
+
     def status_patch(self, resource: Resource, result: Result) -> dict[str, Any]:
         return cond.status_patch(
             resource.status,

@@ -5,6 +5,11 @@ object (about 20 KB each); this loop keeps a due time and a name. Each resource 
 reconciled is re-checked every `resync_seconds` (+-10 % jitter, so 1,000 of them spread
 out): its current body is read (a GET, never a write) and handed to Reconciler.resync.
 
+After a restart, kopf resumes every resource. One at rest (Ready, Synced, the current
+generation handled, nothing requested) is not observed then: it is handed to this loop with
+a due time spread over one period (`track_resumed`), so a restart with 1,000 unchanged
+resources costs no burst of cloud calls. With the resync off, every resume is a full pass.
+
 Under peering, a replica that is paused in favour of a higher-priority peer must not act:
 kopf pauses its own handlers, and this loop checks the same peering object kopf uses.
 """
@@ -46,14 +51,38 @@ class ResyncScheduler:
     def _next(self) -> float:
         return time.monotonic() + self.settings.resync_seconds * random.uniform(0.9, 1.1)
 
-    def track(self, resource: Resource) -> None:
+    def track(self, resource: Resource, due: float | None = None) -> None:
+        """Re-check `resource` from now on: at the monotonic time `due`, or one period on."""
         if resource.uid not in self.due:
             self.due[resource.uid] = (
-                self._next(),
+                self._next() if due is None else due,
                 resource.kind,
                 resource.namespace,
                 resource.name,
             )
+
+    @property
+    def calm_resume(self) -> bool:
+        """Whether a resumed resource at rest may wait for its resync (not with resync off:
+        nothing else would ever look at it again)."""
+        return self.settings.resync_seconds > 0
+
+    def track_resumed(self, resource: Resource) -> float:
+        """Re-check a resource at rest that a restart resumed, somewhere in the period after
+        the first tenth of it; returns the delay in seconds.
+
+        Nothing records when a resource was last observed (a pass that finds nothing to do
+        writes nothing), only that the previous process looked at it at least once a period.
+        The resumed resources are spread uniformly over one period: n of them make n/period
+        passes a second, the load of the steady state, instead of all n at once. Starting at
+        a tenth of the period keeps the first seconds after a restart, when kopf lists and
+        watches everything, free of cloud calls; the last one is due 1.1 periods on, as late
+        as the jittered steady state allows.
+        """
+        delay = self.settings.resync_seconds * random.uniform(0.1, 1.1)
+        self.untrack(resource.uid)
+        self.track(resource, time.monotonic() + delay)
+        return delay
 
     def untrack(self, uid: str) -> None:
         self.due.pop(uid, None)

@@ -2,9 +2,10 @@
 
 A difference between the cloud and the spec that the user did not ask for is drift: under
 `report` it is reported (`Drifted=True, DriftReported`, one Warning Event) and never written,
-whatever pass finds it (a reconcile request, a label edit, the resume after a restart, a
-resync). Only a new generation writes to the cloud, and then only the fields whose spec value
-changed. Without the annotation the same drift is corrected, and named as drift.
+whatever pass finds it (a reconcile request, a label edit, the first resync after a restart
+or the resume itself when the resync is off, a resync). Only a new generation writes to the
+cloud, and then only the fields whose spec value changed. Without the annotation the same
+drift is corrected, and named as drift.
 
 Each test: a Queue Ready, `VisibilityTimeout` changed to 99 with boto3 behind the operator's
 back, then the trigger; the cloud is checked once the operator has demonstrably handled it.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -213,8 +215,37 @@ def test_label_edit_reports_drift_and_leaves_it(kube, operator, aws, namespace):
     assert_reported_not_written(kube, aws, namespace, "labelled", queue, url, mark)
 
 
-def test_operator_restart_reports_drift_and_leaves_it(kube, aws, own_namespace, start_operator):
-    # Without the periodic resync, the resume at start-up is the only pass that can act.
+RESTART_RESYNC = 8
+
+
+def test_operator_restart_reports_drift_within_the_resync_period_and_leaves_it(
+    kube, aws, own_namespace, start_operator
+):
+    # A restart does not observe a resource at rest at once: its first resync, spread over
+    # one period from a tenth of it on, finds the drift.
+    args = [f"--resync-seconds={RESTART_RESYNC}"]
+    first = start_operator(args=args)
+    queue, url = ready_queue(kube, own_namespace, "resumed", SPEC)
+    first.stop()
+    mark = drift(kube, aws, queue, url)
+    started = time.monotonic()
+    start_operator(args=args)
+    cr = wait_condition(
+        kube, "queue", own_namespace, "resumed", "Drifted", "True", "DriftReported", timeout=90
+    )
+    # 1.1 periods at most, and the time the operator takes to start on a busy machine.
+    assert time.monotonic() - started < 1.1 * RESTART_RESYNC + 30
+    assert cr["status"]["observedGeneration"] == cr["metadata"]["generation"]
+    assert visibility_timeout(aws, url) == DRIFTED_TIMEOUT
+    # One more pass that changes nothing: by its end, the Events of the resync are posted.
+    request_reconcile(kube, own_namespace, "resumed", "after-restart")
+    assert_reported_not_written(kube, aws, own_namespace, "resumed", queue, url, mark)
+
+
+def test_operator_restart_without_resync_reports_drift_and_leaves_it(
+    kube, aws, own_namespace, start_operator
+):
+    # Without the periodic resync, the resume at start-up is a full pass: the only one.
     no_resync = ["--resync-seconds=0"]
     first = start_operator(args=no_resync)
     queue, url = ready_queue(kube, own_namespace, "restarted", SPEC)
