@@ -120,10 +120,19 @@ def cluster() -> Iterator[Cluster]:
     """The suite's shared control plane and cloud.
 
     Nothing may restart its processes: the session operator's RBAC check (below) would see
-    the 403s of a restarting API server. Tests that restart one use `running_cluster()`.
+    the 403s of a restarting API server. Tests that restart one use `own_stack`
+    (tests/e2e/conftest.py), a stack of their own from `running_cluster()`.
     """
     with running_cluster() as shared:
+        # Fail every time, not only when the session operator's timing is unlucky.
+        shared.controlplane.restart_apiserver = _refuse_restart  # type: ignore[method-assign]
         yield shared
+
+
+def _refuse_restart(*_: object, **__: object) -> None:
+    raise AssertionError(
+        "the shared control plane is never restarted: restart the one of `own_stack`"
+    )
 
 
 @pytest.fixture(scope="session")
