@@ -273,11 +273,11 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
             raise kopf.TemporaryError(result.retry_message, delay=result.requeue_after or 5.0)
         scheduler.untrack(resource.uid)
 
-    async def on_resync(raw: dict[str, Any]) -> None:
-        started = time.monotonic()
-        outcome = await reconciler.resync(raw)
-        if outcome is None:
-            return
+    async def on_resync(
+        body: Mapping[str, Any], outcome: tuple[Result, Resource], started: float
+    ) -> None:
+        """Report one resync pass: Events, metrics, the status patch (inside its lock)."""
+        raw = dict(body)
         resource = outcome[1]
         if status := _report(reconciler, raw, outcome, started):
             await reconciler.in_thread(

@@ -3,7 +3,8 @@
 A kopf daemon per resource keeps a task, a stopper and a live copy of the body for every
 object (about 20 KB each); this loop keeps a due time and a name. Each resource that
 reconciled is re-checked every `resync_seconds` (+-10 % jitter, so 1,000 of them spread
-out): its current body is read (a GET, never a write) and handed to Reconciler.resync.
+out): its current body is read (a GET, never a write) once its lock is held, and
+Reconciler.resync_current re-checks it.
 
 After a restart, kopf resumes every resource. One at rest (Ready, Synced, the current
 generation handled, nothing requested) is not observed then: it is handed to this loop with
@@ -20,13 +21,13 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from provisioner.config import Settings
 from provisioner.models import Resource
-from provisioner.reconcile import Reconciler
+from provisioner.reconcile import Reconciler, Result
 
 log = logging.getLogger(__name__)
 PEERING_GROUP = "kopf.dev/v1"
@@ -37,12 +38,13 @@ class ResyncScheduler:
         self,
         reconciler: Reconciler,
         settings: Settings,
-        resync: Callable[[dict[str, Any]], Awaitable[None]],
+        report: Callable[[Mapping[str, Any], tuple[Result, Resource], float], Awaitable[None]],
         peering_priority: int | None,
     ) -> None:
         self.reconciler = reconciler
         self.settings = settings
-        self.resync = resync  # one pass over a current body: Reconciler.resync, reported
+        # Events, metrics and the status patch of one resync pass (run inside its lock).
+        self.report = report
         self.peering_priority = peering_priority
         self.due: dict[str, tuple[float, str, str, str]] = {}
         self._peering_cache: dict[str, tuple[float, bool]] = {}
@@ -118,16 +120,18 @@ class ResyncScheduler:
         try:
             if await self._paused(namespace):
                 return
-            body = await self.reconciler.in_thread(
-                self.reconciler.kube.get_resource, kind, namespace, name
-            )
-            if body is None or body.get("metadata", {}).get("uid") != uid:
-                self.untrack(uid)
-                return
-            if body["metadata"].get("deletionTimestamp"):
-                return
-            body.setdefault("kind", kind)
-            await self.resync(body)
+
+            async def load() -> dict[str, Any] | None:
+                body = await self.reconciler.in_thread(
+                    self.reconciler.kube.get_resource, kind, namespace, name
+                )
+                if body is None or body.get("metadata", {}).get("uid") != uid:
+                    self.untrack(uid)
+                    return None
+                body.setdefault("kind", kind)
+                return body
+
+            await self.reconciler.resync_current(uid, load, self.report)
         except Exception:  # the next period tries again
             log.exception("resync of %s %s/%s failed", kind, namespace, name)
 
