@@ -143,9 +143,8 @@ def cmd_dev_image(args: argparse.Namespace) -> int:
         image = build()
     except ImageError as exc:
         return _fail(str(exc))
-    what = "built" if image.built else "unchanged inputs, already built"
-    print(f"{image.ref} (also tagged {image.version_tag}): {what} in {image.seconds:.0f} s")
-    print(f"size: {image.size_bytes / 1e6:.0f} MB")
+    what = f"built in {image.seconds:.0f} s" if image.built else "already built, inputs unchanged"
+    print(f"{image.ref} (also tagged {image.version_tag}): {what}")
     for line in image_contents(image.ref):
         print(f"  {line}")
     return 0

@@ -210,7 +210,6 @@ class BuiltImage:
     ref: str
     built: bool  # False: found in buildah's storage, already built from the same inputs
     seconds: float
-    size_bytes: int
     version_tag: str = VERSION_TAG
 
 
@@ -229,27 +228,19 @@ def _pip_trust() -> list[str]:
     ]  # fmt: skip
 
 
-def image_size(ref: str) -> int:
-    """Bytes in the image's root filesystem (the uncompressed size of its layers)."""
-    rootfs = Rootfs(ref)
-    try:
-        return _du(rootfs.path)
-    finally:
-        rootfs.remove()
-
-
 def build(log: Path | None = None, tag_version: bool = True) -> BuiltImage:
     """The operator's image from the Dockerfile, built unless its inputs are unchanged."""
-    why = cannot_build()
+    started = time.monotonic()
+    ref = image_ref()
+    # Debian's mirror (and PyPI) are needed only when something is to be built.
+    why = cannot_build(need_mirror=not _image_exists(ref) if shutil.which("buildah") else True)
     if why:
         raise ImageError(why)
-    started = time.monotonic()
     IMAGE_CACHE.mkdir(parents=True, exist_ok=True)
     log = log or IMAGE_CACHE / "build.log"
-    base = import_base(base_tarball(log), log)
-    ref = image_ref()
     built = False
     if not _image_exists(ref):
+        base = import_base(base_tarball(log), log)
         _note(f"building {ref} from the Dockerfile (base {base}); log in {log}")
         _run(
             [
@@ -260,11 +251,18 @@ def build(log: Path | None = None, tag_version: bool = True) -> BuiltImage:
             log,
         )  # fmt: skip
         built = True
+        _forget_older(ref)
     if tag_version:
         _run(["buildah", *STORAGE, "tag", ref, VERSION_TAG])
-    return BuiltImage(
-        ref=ref, built=built, seconds=time.monotonic() - started, size_bytes=image_size(ref)
-    )
+    return BuiltImage(ref=ref, built=built, seconds=time.monotonic() - started)
+
+
+def _forget_older(ref: str) -> None:
+    """Untag the images of earlier trees (vfs keeps full copies: they add up)."""
+    out = _run(["buildah", *STORAGE, "images", "--format", "{{.Name}}:{{.Tag}}"])
+    for name in out.split():
+        if name.startswith(f"{IMAGE_NAME}:") and name not in (ref, f"localhost/{VERSION_TAG}"):
+            subprocess.run(["buildah", *STORAGE, "rmi", name], capture_output=True)
 
 
 def image_config(ref: str) -> dict:
@@ -319,12 +317,14 @@ def unwanted(root: Path) -> list[str]:
 
 
 def image_contents(ref: str) -> list[str]:
-    """A summary of what the image holds: the big parts, and what must be absent."""
+    """A summary of what the image holds: its size (the bytes of its root filesystem, as
+    its layers hold them uncompressed), the big parts, and what must be absent."""
     rootfs = Rootfs(ref)
     try:
         root = rootfs.path
         site = site_packages(root)
         lines = [
+            f"size: {_du(root) / 1e6:.0f} MB",
             f"/usr (Debian, python3.11): {_du(root / 'usr') / 1e6:.0f} MB",
             f"/opt/venv (the operator and its dependencies): {_du(root / 'opt/venv') / 1e6:.0f} MB",
         ]

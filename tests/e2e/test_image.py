@@ -97,6 +97,7 @@ def test_image_runs_as_a_pod_would(
 
     liveness, metrics = free_port(), free_port()
     api_port = cluster.controlplane.apiserver_url.rsplit(":", 1)[1]
+    # No kubeconfig anywhere in the container: only the in-cluster configuration can work.
     env = {
         "KUBERNETES_SERVICE_HOST": "127.0.0.1",
         "KUBERNETES_SERVICE_PORT": api_port,
@@ -110,6 +111,7 @@ def test_image_runs_as_a_pod_would(
         f"--resync-seconds={TEST_RESYNC_SECONDS}",
     ]
     sa = service_account_volume(cluster, work / "serviceaccount")
+    assert not any(e.startswith("KUBECONFIG=") for e in config.get("Env") or [])
     container = image.RuncContainer(f"provisioner-{own}", work / "bundle", work / "operator.log")
     container.create(image.runc_config(rootfs, config, args, env, sa))
     # runc has made its mount points; from here on the root filesystem must not change.
