@@ -251,9 +251,10 @@ def build(log: Path | None = None, tag_version: bool = True) -> BuiltImage:
             log,
         )  # fmt: skip
         built = True
-        _forget_older(ref)
     if tag_version:
         _run(["buildah", *STORAGE, "tag", ref, VERSION_TAG])
+    if built:
+        _forget_older(ref)
     return BuiltImage(ref=ref, built=built, seconds=time.monotonic() - started)
 
 
