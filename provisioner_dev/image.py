@@ -240,6 +240,7 @@ def build(log: Path | None = None, tag_version: bool = True) -> BuiltImage:
     log = log or IMAGE_CACHE / "build.log"
     built = False
     if not _image_exists(ref):
+        log.write_text("")  # the log of this build only
         base = import_base(base_tarball(log), log)
         _note(f"building {ref} from the Dockerfile (base {base}); log in {log}")
         _run(
