@@ -8,7 +8,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-localstack lint format binaries up down status clean
+.PHONY: demo test test-fast test-localstack lint format binaries image up down status clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,20 @@ test-fast: $(STAMP)
 test-localstack: binaries
 	PROVISIONER_TEST_CLOUD=localstack $(PY) -m pytest tests/e2e/test_bucket.py \
 		tests/e2e/test_queue.py tests/e2e/test_localstack.py
+
+# The operator's image from the Dockerfile, with buildah (vfs storage, chroot isolation) on a
+# base made from Debian's packages by mmdebstrap (no registry needed). Needs root; installs
+# buildah, mmdebstrap and runc from Debian when they are missing. See provisioner_dev/image.py.
+IMAGE_TOOLS := buildah mmdebstrap runc
+image: $(STAMP)
+	@test "$$(id -u)" = 0 || { echo "make image: needs root (buildah, apt-get)" >&2; exit 1; }
+	@missing=""; for t in $(IMAGE_TOOLS); do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "make image: installing$$missing from Debian's packages (apt-get)"; \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing \
+			|| exit 1; \
+	else echo "make image: buildah, mmdebstrap and runc are installed"; fi
+	$(PY) -m provisioner dev image
 
 # Style, types (strict on the operator's package) and import contracts, all set in pyproject.toml.
 lint: $(STAMP)

@@ -7,9 +7,11 @@ Starts its own control plane (etcd, kube-apiserver, kube-controller-manager), mo
 1. create   N CRs across --namespaces namespaces as fast as the client can, and wait (LIST
             polls every 0.5 s, no per-object GETs) until every one is Ready;
 2. idle     --idle seconds doing nothing, counting the API server's writes;
-3. change   --changes random CRs get a mutable spec field patched; per change, the time from
+3. restart  the operator stopped and started again; its AWS calls and writes in the first
+            --restart seconds, with nothing changed;
+4. change   --changes random CRs get a mutable spec field patched; per change, the time from
             the patch returning to moto reflecting it;
-4. delete   all of them, wait until every CR is gone, count what is left in moto.
+5. delete   all of them, wait until every CR is gone, count what is left in moto.
 
 It reads kube-apiserver's own `apiserver_request_total` for the writes, moto's recording for the
 AWS calls, and /proc for the operator's peak RSS and CPU time, then prints one table (and
@@ -62,6 +64,12 @@ def parse_args(argv: list[str] | None) -> Options:
     p.add_argument("--mix", default=even, help=f"{MIX_NAMES} weights (default {even})")
     p.add_argument("--namespaces", type=int, default=10, help="spread over this many (10)")
     p.add_argument("--idle", type=float, default=60, help="idle phase seconds (default 60)")
+    p.add_argument(
+        "--restart",
+        type=float,
+        default=30,
+        help="restart the operator, count its calls for this many seconds (30; 0: skip)",
+    )
     p.add_argument("--changes", type=int, default=100, help="spec changes to time (100)")
     p.add_argument("--timeout", type=float, default=600, help="per phase, seconds (600)")
     p.add_argument("--keep", action="store_true", help="leave everything running at the end")

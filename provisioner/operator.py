@@ -1,6 +1,7 @@
 """kopf registration: the same handler set for every kind.
 
-- create / update / resume -> Reconciler.reconcile (status merged into kopf's own patch)
+- create / update / resume -> Reconciler.reconcile (status merged into kopf's own patch);
+                             a resume of a resource at rest only schedules its resync
 - delete                   -> Reconciler.finalize (kopf holds our finalizer until it returns)
 - one resync loop          -> Reconciler.resync of each resource every `resync_seconds`
 
@@ -232,8 +233,26 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
     async def login(**kwargs: Any) -> kopf.AiohttpSession | None:
         return bounded_session(kopf.login_via_client(**kwargs), settings)
 
-    async def on_change(body: Any, old: Any, patch: kopf.Patch, retry: int, **_: Any) -> None:
+    async def on_change(
+        body: Any, old: Any, patch: kopf.Patch, retry: int, reason: Any = None, **_: Any
+    ) -> None:
         raw, started = plain(body), time.monotonic()
+        if reason == kopf.Reason.RESUME and retry == 0 and scheduler.calm_resume:
+            # A restart: a resource at rest waits for its resync, spread over one period.
+            # A changed spec or annotation is an update, a deletion a delete: handled now.
+            resource = reconciler.resource(raw)
+            if reconciler.at_rest(resource, raw):
+                delay = scheduler.track_resumed(resource)
+                metrics.CONDITIONS.record(
+                    resource.uid,
+                    resource.kind,
+                    [
+                        (c["type"], c["status"], c.get("reason", ""))
+                        for c in resource.status.get("conditions") or []
+                    ],
+                )
+                log.debug("%s at rest: next observed in %.0fs", resource.ref, delay)
+                return
         # kopf's `old` is the last successfully handled state (None for a new resource): the
         # spec fields that differ from it are the user's requested changes; anything else
         # the cloud differs in is drift.
@@ -254,11 +273,11 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
             raise kopf.TemporaryError(result.retry_message, delay=result.requeue_after or 5.0)
         scheduler.untrack(resource.uid)
 
-    async def on_resync(raw: dict[str, Any]) -> None:
-        started = time.monotonic()
-        outcome = await reconciler.resync(raw)
-        if outcome is None:
-            return
+    async def on_resync(
+        body: Mapping[str, Any], outcome: tuple[Result, Resource], started: float
+    ) -> None:
+        """Report one resync pass: Events, metrics, the status patch (inside its lock)."""
+        raw = dict(body)
         resource = outcome[1]
         if status := _report(reconciler, raw, outcome, started):
             await reconciler.in_thread(

@@ -23,7 +23,7 @@ import logging
 import random
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -243,6 +243,21 @@ class Reconciler:
             and resource.status.get("observedGeneration") == resource.generation
         )
 
+    @classmethod
+    def at_rest(cls, resource: Resource, body: Mapping[str, Any]) -> bool:
+        """Nothing asks for a pass now: the current generation was handled and is Ready and
+        Synced, no request (reconcile, password rotation) waits, the resource is neither
+        paused nor being deleted. A resume after a restart finds most resources like this;
+        their next look at the cloud is the periodic resync."""
+        return bool(
+            cls.settled(resource)
+            and cond.is_true(resource.status, cond.READY)
+            and not resource.paused
+            and not resource.reconcile_request_pending
+            and not resource.rotation_pending
+            and not (body.get("metadata") or {}).get("deletionTimestamp")
+        )
+
     def status_patch(self, resource: Resource, result: Result) -> dict[str, Any]:
         return cond.status_patch(
             resource.status,
@@ -325,25 +340,53 @@ class Reconciler:
 
     async def resync(self, body: Mapping[str, Any]) -> tuple[Result, Resource] | None:
         """The periodic re-check: drift, vanished resources, edited or deleted Secrets."""
+        uid = str(body["metadata"]["uid"])
+        async with self.passes_in_flight, self.locks[uid]:
+            return await self._resync(body)
+
+    async def resync_current(
+        self,
+        uid: str,
+        load: Callable[[], Awaitable[Mapping[str, Any] | None]],
+        report: Callable[[Mapping[str, Any], tuple[Result, Resource], float], Awaitable[None]],
+    ) -> None:
+        """The periodic re-check of the body as it is once the resource's lock is held.
+
+        Reading it inside the lock (not before waiting for it) means a change handler that
+        ran meanwhile is seen: no pass on an older spec, no cloud call after `paused`, and
+        no second Event for a state that pass already reported. The status patch is written
+        before the lock is released, for the same reason.
+        """
+        async with self.passes_in_flight, self.locks[uid]:
+            started = time.monotonic()
+            body = await load()
+            if body is None or body.get("metadata", {}).get("uid") != uid:
+                return
+            if body["metadata"].get("deletionTimestamp"):
+                return
+            outcome = await self._resync(body)
+            if outcome is not None:
+                await report(body, outcome, started)
+
+    async def _resync(self, body: Mapping[str, Any]) -> tuple[Result, Resource] | None:
         resource = self.resource(body)
         if resource.paused or not (self.settled(resource) or resource.uid in self.failed_resyncs):
             return None
-        async with self.passes_in_flight, self.locks[resource.uid]:
-            if resource.uid in self.requeued:
-                return None  # its change handler looks again by itself, with its backoff
-            events: list[Event] = []
-            try:
-                result = await self._sync(resource, 0, NOTHING_REQUESTED, events, resync=True)
-            except Exception as exc:  # noqa: BLE001
-                result = self._failure(resource, exc, 0)
-                result.events[:0] = events
-            result.requeue_after = None
-            synced = next((c for c in result.conditions if c.type == cond.SYNCED), None)
-            if synced and not synced.status and synced.reason == cond.RECONCILE_ERROR:
-                self.failed_resyncs.add(resource.uid)
-            else:
-                self.failed_resyncs.discard(resource.uid)
-            return result, resource
+        if resource.uid in self.requeued:
+            return None  # its change handler looks again by itself, with its backoff
+        events: list[Event] = []
+        try:
+            result = await self._sync(resource, 0, NOTHING_REQUESTED, events, resync=True)
+        except Exception as exc:  # noqa: BLE001
+            result = self._failure(resource, exc, 0)
+            result.events[:0] = events
+        result.requeue_after = None
+        synced = next((c for c in result.conditions if c.type == cond.SYNCED), None)
+        if synced and not synced.status and synced.reason == cond.RECONCILE_ERROR:
+            self.failed_resyncs.add(resource.uid)
+        else:
+            self.failed_resyncs.discard(resource.uid)
+        return result, resource
 
     @staticmethod
     def _paused(resource: Resource) -> Result:

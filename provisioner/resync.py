@@ -3,7 +3,13 @@
 A kopf daemon per resource keeps a task, a stopper and a live copy of the body for every
 object (about 20 KB each); this loop keeps a due time and a name. Each resource that
 reconciled is re-checked every `resync_seconds` (+-10 % jitter, so 1,000 of them spread
-out): its current body is read (a GET, never a write) and handed to Reconciler.resync.
+out): its current body is read (a GET, never a write) once its lock is held, and
+Reconciler.resync_current re-checks it.
+
+After a restart, kopf resumes every resource. One at rest (Ready, Synced, the current
+generation handled, nothing requested) is not observed then: it is handed to this loop with
+a due time spread over one period (`track_resumed`), so a restart with 1,000 unchanged
+resources costs no burst of cloud calls. With the resync off, every resume is a full pass.
 
 Under peering, a replica that is paused in favour of a higher-priority peer must not act:
 kopf pauses its own handlers, and this loop checks the same peering object kopf uses.
@@ -15,13 +21,13 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from provisioner.config import Settings
 from provisioner.models import Resource
-from provisioner.reconcile import Reconciler
+from provisioner.reconcile import Reconciler, Result
 
 log = logging.getLogger(__name__)
 PEERING_GROUP = "kopf.dev/v1"
@@ -32,12 +38,13 @@ class ResyncScheduler:
         self,
         reconciler: Reconciler,
         settings: Settings,
-        resync: Callable[[dict[str, Any]], Awaitable[None]],
+        report: Callable[[Mapping[str, Any], tuple[Result, Resource], float], Awaitable[None]],
         peering_priority: int | None,
     ) -> None:
         self.reconciler = reconciler
         self.settings = settings
-        self.resync = resync  # one pass over a current body: Reconciler.resync, reported
+        # Events, metrics and the status patch of one resync pass (run inside its lock).
+        self.report = report
         self.peering_priority = peering_priority
         self.due: dict[str, tuple[float, str, str, str]] = {}
         self._peering_cache: dict[str, tuple[float, bool]] = {}
@@ -46,14 +53,38 @@ class ResyncScheduler:
     def _next(self) -> float:
         return time.monotonic() + self.settings.resync_seconds * random.uniform(0.9, 1.1)
 
-    def track(self, resource: Resource) -> None:
+    def track(self, resource: Resource, due: float | None = None) -> None:
+        """Re-check `resource` from now on: at the monotonic time `due`, or one period on."""
         if resource.uid not in self.due:
             self.due[resource.uid] = (
-                self._next(),
+                self._next() if due is None else due,
                 resource.kind,
                 resource.namespace,
                 resource.name,
             )
+
+    @property
+    def calm_resume(self) -> bool:
+        """Whether a resumed resource at rest may wait for its resync (not with resync off:
+        nothing else would ever look at it again)."""
+        return self.settings.resync_seconds > 0
+
+    def track_resumed(self, resource: Resource) -> float:
+        """Re-check a resource at rest that a restart resumed, somewhere in the period after
+        the first tenth of it; returns the delay in seconds.
+
+        Nothing records when a resource was last observed (a pass that finds nothing to do
+        writes nothing), only that the previous process looked at it at least once a period.
+        The resumed resources are spread uniformly over one period: n of them make n/period
+        passes a second, the load of the steady state, instead of all n at once. Starting at
+        a tenth of the period keeps the first seconds after a restart, when kopf lists and
+        watches everything, free of cloud calls; the last one is due 1.1 periods on, as late
+        as the jittered steady state allows.
+        """
+        delay = self.settings.resync_seconds * random.uniform(0.1, 1.1)
+        self.untrack(resource.uid)
+        self.track(resource, time.monotonic() + delay)
+        return delay
 
     def untrack(self, uid: str) -> None:
         self.due.pop(uid, None)
@@ -89,16 +120,18 @@ class ResyncScheduler:
         try:
             if await self._paused(namespace):
                 return
-            body = await self.reconciler.in_thread(
-                self.reconciler.kube.get_resource, kind, namespace, name
-            )
-            if body is None or body.get("metadata", {}).get("uid") != uid:
-                self.untrack(uid)
-                return
-            if body["metadata"].get("deletionTimestamp"):
-                return
-            body.setdefault("kind", kind)
-            await self.resync(body)
+
+            async def load() -> dict[str, Any] | None:
+                body = await self.reconciler.in_thread(
+                    self.reconciler.kube.get_resource, kind, namespace, name
+                )
+                if body is None or body.get("metadata", {}).get("uid") != uid:
+                    self.untrack(uid)
+                    return None
+                body.setdefault("kind", kind)
+                return body
+
+            await self.reconciler.resync_current(uid, load, self.report)
         except Exception:  # the next period tries again
             log.exception("resync of %s %s/%s failed", kind, namespace, name)
 

@@ -136,6 +136,20 @@ def cmd_dev_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dev_image(args: argparse.Namespace) -> int:
+    from provisioner_dev.image import ImageError, build, image_contents
+
+    try:
+        image = build()
+    except ImageError as exc:
+        return _fail(str(exc))
+    what = f"built in {image.seconds:.0f} s" if image.built else "already built, inputs unchanged"
+    print(f"{image.ref} (also tagged {image.version_tag}): {what}")
+    for line in image_contents(image.ref):
+        print(f"  {line}")
+    return 0
+
+
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     dev = sub.add_parser("dev", help="a local control plane, moto and the operator")
     dev_sub = dev.add_subparsers(dest="dev_command", required=True)
@@ -171,3 +185,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     dev_sub.add_parser(
         "build", help="build or verify the cached control-plane binaries"
     ).set_defaults(func=cmd_dev_build)
+    dev_sub.add_parser(
+        "image",
+        help="build the operator's image from the Dockerfile with buildah "
+        "(base made from Debian's packages; needs root)",
+    ).set_defaults(func=cmd_dev_image)

@@ -14,6 +14,7 @@ import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -98,8 +99,9 @@ class Cluster:
         return found
 
 
-@pytest.fixture(scope="session")
-def cluster() -> Iterator[Cluster]:
+@contextmanager
+def running_cluster() -> Iterator[Cluster]:
+    """A control plane with the CRDs installed and a cloud (moto or LocalStack) of its own."""
     workdir = Path(tempfile.mkdtemp(prefix="provisioner-test-"))
     stack = Stack(dir=workdir, cloud_kind=TEST_CLOUD, record=True)
     try:
@@ -111,6 +113,26 @@ def cluster() -> Iterator[Cluster]:
             print(f"test data kept in {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    """The suite's shared control plane and cloud.
+
+    Nothing may restart its processes: the session operator's RBAC check (below) would see
+    the 403s of a restarting API server. Tests that restart one use `own_stack`
+    (tests/e2e/conftest.py), a stack of their own from `running_cluster()`.
+    """
+    with running_cluster() as shared:
+        # Fail every time, not only when the session operator's timing is unlucky.
+        shared.controlplane.restart_apiserver = _refuse_restart  # type: ignore[method-assign]
+        yield shared
+
+
+def _refuse_restart(*_: object, **__: object) -> None:
+    raise AssertionError(
+        "the shared control plane is never restarted: restart the one of `own_stack`"
+    )
 
 
 @pytest.fixture(scope="session")
@@ -157,7 +179,12 @@ def operator(cluster: Cluster) -> Iterator[OperatorProcess]:
         op.stop()
         _fail_on_secret_leak(cluster.dir / "operator.log")
         # An RBAC denial reads `... is forbidden: User "system:serviceaccount:..." cannot`;
-        # a write into a namespace being deleted is a 403 too, but not a denial.
+        # a write into a namespace being deleted is a 403 too, but not a denial. Every denial
+        # counts, however brief: the shared control plane is never restarted, and a restart is
+        # the one time a correct grant is refused: a starting kube-apiserver accepts requests
+        # before it is ready and refuses them until its RBAC informers have synced (Kubernetes
+        # behaves so by design; see kubernetes/kubernetes#101422), and a client reconnecting
+        # the moment the port opens gets a 403 that is no verdict on its ClusterRole.
         forbidden = [
             line
             for line in op.log.read_text(errors="replace").splitlines()
@@ -189,17 +216,21 @@ def namespace(cluster: Cluster) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def aws(cluster: Cluster) -> AwsClients:
-    env = aws_env(cluster.moto.url)
+    return aws_clients(cluster.moto.url)
+
+
+def aws_clients(endpoint_url: str) -> AwsClients:
+    env = aws_env(endpoint_url)
     session = boto3.session.Session(
         aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
         aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
         region_name=env["AWS_REGION"],
     )
     return AwsClients(
-        s3=session.client("s3", endpoint_url=cluster.moto.url),
-        sqs=session.client("sqs", endpoint_url=cluster.moto.url),
-        rds=session.client("rds", endpoint_url=cluster.moto.url),
-        sns=session.client("sns", endpoint_url=cluster.moto.url),
+        s3=session.client("s3", endpoint_url=endpoint_url),
+        sqs=session.client("sqs", endpoint_url=endpoint_url),
+        rds=session.client("rds", endpoint_url=endpoint_url),
+        sns=session.client("sns", endpoint_url=endpoint_url),
     )
 
 

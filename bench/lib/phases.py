@@ -1,4 +1,4 @@
-"""The phases after the create: idle, spec changes, delete."""
+"""The phases after the create: idle, restart, spec changes, delete."""
 
 from __future__ import annotations
 
@@ -46,6 +46,46 @@ def idle(b: Bench) -> None:
         "aws_calls": b.recording.calls(aws0, aws1),
         "leases": b.lease_holders(),
         "cpu": b.cpu_between("idle", "idle_end"),
+    }
+
+
+def restart(b: Bench) -> None:
+    """The operator stopped and started again, nothing changed: what the new one calls and
+    writes in its first --restart seconds (counted from the start of its process)."""
+    o = b.o
+    old = b.stack.operator
+    assert old is not None
+    old.stop()
+    ready = sum(1 for cr in b.crs if cr.ready_at is not None)
+    log(f"restarting the operator ({ready} CRs Ready); counting for {o.restart:.0f}s")
+    writes0 = scrape_writes(b.api)
+    aws0 = b.recording.mark()
+    b.mark_cpu("restart")
+    started = time.monotonic()
+    b.stack.start_operator(
+        args=o.operator_args,
+        cluster_id="bench",
+        log=(b.stack.log_dir or b.stack.dir) / "operator-restarted.log",
+    )
+    up = time.monotonic() - started
+    while time.monotonic() - started < o.restart:
+        b.sample_rss()
+        time.sleep(min(POLL_INTERVAL, max(0.0, o.restart - (time.monotonic() - started))))
+    aws1 = b.recording.mark()
+    writes1 = scrape_writes(b.api)
+    b.mark_cpu("restart_end")
+    aws = b.recording.calls(aws0, aws1)
+    writes = categorize(write_delta(writes0, writes1))
+    n = max(1, ready)
+    b.results["restart"] = {
+        "seconds": o.restart,
+        "crs_ready": ready,
+        "operator_up_s": rounded(up),
+        "aws_calls": aws,
+        "aws_per_cr": round(aws["operator_total"] / n, 3),
+        "writes": writes,
+        "writes_per_cr": round(writes["operator_total"] / n, 3),
+        "cpu": b.cpu_between("restart", "restart_end"),
     }
 
 

@@ -69,6 +69,7 @@ SUMMARY: dict[str, Any] = {
     },
     "idle_writes": "idle.writes_total",
     "idle_operator_writes": "idle.writes.operator_total",
+    "restart_aws_calls_per_cr": "restart.aws_per_cr",
     "change_p50_s": "changes.p50_s",
     "change_p99_s": "changes.p99_s",
     "aws_calls_per_cr_to_ready": "aws_to_ready.per_cr",
@@ -232,6 +233,16 @@ ROWS: tuple[Row, ...] = (
         equals("idle.writes.operator_total", 0),
     ),
     Row("  others (resource verb count)", template("{derived.idle_others}", needs="idle")),
+    Row(
+        "AWS calls per CR in the first {opts.restart:.0f} s after a restart",
+        template(
+            "{restart.aws_per_cr:.2f} ({restart.aws_calls.operator_total} calls, "
+            "{restart.crs_ready} CRs)",
+            needs="restart",
+        ),
+        "<= 0.2",
+        at_most("restart.aws_per_cr", 0.2),
+    ),
     Row(
         "spec-change latency p50 / p99 ({derived.changes_reflected} changes)",
         pair(seconds("changes.p50_s"), seconds("changes.p99_s"), needs="changes"),

@@ -37,6 +37,7 @@ class Options:
     mix: str
     namespaces: int
     idle: float
+    restart: float
     changes: int
     timeout: float
     keep: bool
@@ -78,10 +79,12 @@ class Bench:
         ok = create.phase(self)
         if ok and not self.errors:
             phases.idle(self)
+            if self.o.restart > 0:
+                phases.restart(self)
             if self.o.changes > 0:
                 phases.changes(self)
         else:
-            log("not every CR became Ready: skipping the idle and change phases")
+            log("not every CR became Ready: skipping the idle, restart and change phases")
         phases.delete(self)
         self.finish()
 

@@ -1,14 +1,24 @@
-"""Operators of a test's own, in an `own-*` namespace the session operator leaves alone."""
+"""Operators of a test's own, in an `own-*` namespace the session operator leaves alone;
+and, for tests that restart the API server, a whole stack of the test's own."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import pytest
 
 from provisioner_dev.stack import FaultProxy, OperatorProcess
-from tests.conftest import TEST_RESYNC_SECONDS, Cluster, fresh_namespace
+from tests.conftest import (
+    TEST_RESYNC_SECONDS,
+    AwsClients,
+    Cluster,
+    aws_clients,
+    fresh_namespace,
+    running_cluster,
+)
 
 
 @pytest.fixture
@@ -19,9 +29,9 @@ def own_namespace(cluster: Cluster) -> Iterator[str]:
 StartOperator = Callable[..., OperatorProcess]
 
 
-@pytest.fixture
-def start_operator(cluster: Cluster, own_namespace: str) -> Iterator[StartOperator]:
-    """Start operators watching only `own_namespace`; all are stopped at the end."""
+@contextmanager
+def operators(cluster: Cluster, namespace: str) -> Iterator[StartOperator]:
+    """Start operators watching only `namespace`; all are stopped at the end."""
     started: list[OperatorProcess] = []
 
     def start(
@@ -35,9 +45,9 @@ def start_operator(cluster: Cluster, own_namespace: str) -> Iterator[StartOperat
         op = cluster.stack.start_operator(
             kubeconfig=kubeconfig,
             endpoint_url=endpoint_url or cluster.moto.url,
-            log=cluster.dir / f"operator-{own_namespace}-{len(started)}.log",
+            log=cluster.dir / f"operator-{namespace}-{len(started)}.log",
             args=[
-                f"--namespace={own_namespace}",
+                f"--namespace={namespace}",
                 f"--resync-seconds={TEST_RESYNC_SECONDS}",
                 *(args or []),
             ],
@@ -49,9 +59,39 @@ def start_operator(cluster: Cluster, own_namespace: str) -> Iterator[StartOperat
             op.start()
         return op
 
-    yield start
-    for op in started:
-        op.stop()
+    try:
+        yield start
+    finally:
+        for op in started:
+            op.stop()
+
+
+@pytest.fixture
+def start_operator(cluster: Cluster, own_namespace: str) -> Iterator[StartOperator]:
+    with operators(cluster, own_namespace) as start:
+        yield start
+
+
+@dataclass
+class OwnStack:
+    kube: Cluster
+    aws: AwsClients
+    namespace: str
+    start_operator: StartOperator
+
+
+@pytest.fixture
+def own_stack() -> Iterator[OwnStack]:
+    """A control plane, cloud and operators of the test's own (a few seconds to start).
+
+    For tests that restart the API server (or another shared process): on the shared control
+    plane, the restart would reach the session operator, whose log must show no 403 at all.
+    """
+    with running_cluster() as kube:
+        namespace = "own-stack"
+        kube.kubectl("create", "namespace", namespace)
+        with operators(kube, namespace) as start:
+            yield OwnStack(kube, aws_clients(kube.moto.url), namespace, start)
 
 
 @pytest.fixture

@@ -29,6 +29,8 @@ def test_bench_converge_smoke(tmp_path):
             "3",
             "--idle",
             "2",
+            "--restart",
+            "3",
             "--changes",
             "3",
             "--timeout",
@@ -52,3 +54,4 @@ def test_bench_converge_smoke(tmp_path):
     assert figures["details"]["ready"]["count"] == 9
     assert figures["details"]["ready"]["expected"] == 9
     assert figures["details"]["changes"]["reflected"] == 3
+    assert figures["details"]["restart"]["crs_ready"] == 9

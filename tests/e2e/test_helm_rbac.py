@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from provisioner.kinds import KINDS as REGISTERED
 from provisioner_dev.binaries import cached_helm, ensure_helm
 from provisioner_dev.stack import OperatorProcess
 from tests.helpers import apply, events, get, secret_data, wait_for, wait_gone, wait_ready
@@ -43,7 +44,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300 if cached_helm() else 120
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "provisioner"
 GROUP = "cloud.provisioner.dev"
-KINDS = ("databaseinstances", "s3buckets", "queues")
+KINDS = tuple(k.plural for k in REGISTERED)
 PEERING = "provisioner"
 
 

@@ -322,6 +322,9 @@ def test_examples_apply_cleanly_and_get_defaults(kube: Any, namespace: str) -> N
         ("sqsq", "demo-queue", ".spec.messageRetentionSeconds", "345600"),
         ("sqsq", "demo-queue", ".spec.delaySeconds", "0"),
         ("sqsq", "demo-queue", ".spec.deletionPolicy", "Delete"),
+        ("snst", "demo-events", ".spec.fifo", "false"),
+        ("snst", "demo-events", ".spec.deletionPolicy", "Delete"),
+        ("sqsq", "demo-events-inbox", ".spec.subscribeTo[0].rawMessageDelivery", "true"),
     ]
     got = [(r, n, p, field(r, n, p)) for r, n, p, _ in expected_defaults]
     assert got == expected_defaults
@@ -329,8 +332,10 @@ def test_examples_apply_cleanly_and_get_defaults(kube: Any, namespace: str) -> N
     listed = kube.kubectl("get", "cloud", "-n", namespace, "-o", "name").stdout.split()
     assert sorted(listed) == [
         "databaseinstance.cloud.provisioner.dev/demo-db",
+        "queue.cloud.provisioner.dev/demo-events-inbox",
         "queue.cloud.provisioner.dev/demo-queue",
         "s3bucket.cloud.provisioner.dev/demo-bucket",
+        "topic.cloud.provisioner.dev/demo-events",
     ]
 
 

@@ -12,6 +12,7 @@ OPTS = Options(
     mix="1:1:1:1",
     namespaces=3,
     idle=2,
+    restart=30,
     changes=3,
     timeout=120,
     keep=False,
@@ -33,6 +34,7 @@ RESULTS = {
         "per_cr": {"operator_total": 5.0, "cr": 1.0, "cr_status": 2.0, "secret": 1.0, "event": 1.0}
     },
     "idle": {"writes_total": 3, "writes": {"operator_total": 0, "other": {"leases PUT": 3}}},
+    "restart": {"aws_per_cr": 0.25, "aws_calls": {"operator_total": 3}, "crs_ready": 12},
     "changes": {"reflected": 3, "p50_s": 0.3, "p99_s": 0.9},
     "delete": {"all_gone_seconds": 4.5},
     "cloud_resources_left": {
@@ -72,15 +74,30 @@ def test_every_declared_row_is_rendered_with_its_verdict():
     assert rows["= without Events"].split() == ["4.00", "<=", "4", "ok"]
     assert rows["writes during idle (2 s): operator"].split() == ["0", "0", "ok"]
     assert rows["operator args"] == "--workers=8"
+    assert rows["AWS calls per CR in the first 30 s after a restart"].split() == [
+        "0.25",
+        "(3",
+        "calls,",
+        "12",
+        "CRs)",
+        "<=",
+        "0.2",
+        "MISSED",
+    ]
     assert rows[f"mix {':'.join(k.mix for k in KINDS)}"] == "1:1:1:1 (3/3/3/3)"
 
 
 def test_phases_that_did_not_run_read_n_a_and_have_no_verdict():
-    results = {k: v for k, v in RESULTS.items() if k not in ("idle", "changes", "ready")}
+    results = {k: v for k, v in RESULTS.items() if k not in ("idle", "restart", "changes", "ready")}
     rows = _rows(table(figures(OPTS, split_mix(12, "1:1:1:1"), results, {"sha256": "abc"})))
     assert rows["time to all Ready (from first create)"].split() == ["n/a", "<", "60", "s"]
     assert rows["per-CR time to Ready p50 / p99"] == "n/a / n/a"
     assert rows["writes during idle (2 s): operator"].split() == ["n/a", "0"]
+    assert rows["AWS calls per CR in the first 30 s after a restart"].split() == [
+        "n/a",
+        "<=",
+        "0.2",
+    ]
     assert rows["spec-change latency p50 / p99 (0 changes)"].split() == [
         "n/a",
         "p99",
@@ -104,4 +121,5 @@ def test_summary_is_the_tables_figures_by_name():
     }
     assert got["idle_operator_writes"] == 0
     assert got["change_p99_s"] == 0.9
+    assert got["restart_aws_calls_per_cr"] == 0.25
     assert summary(figures(OPTS, {}, {}, {}))["all_ready_seconds"] is None

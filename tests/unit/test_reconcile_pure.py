@@ -1,14 +1,19 @@
-"""provisioner.reconcile: backoff and the static predicates on a Resource's status."""
+"""provisioner.reconcile: backoff and the static predicates on a Resource's status; the
+resync due times of resumed resources."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
+import time
 
 import pytest
 
 from provisioner import conditions as cond
 from provisioner import kinds, reconcile
+from provisioner.config import Settings
 from provisioner.reconcile import Reconciler, backoff
+from provisioner.resync import ResyncScheduler
 
 UID = "6f1c2a4e-0d2b-4c1e-9a7f-3b5d8e9f0a1b"
 
@@ -147,6 +152,77 @@ def test_settled_true():
 )
 def test_settled_false(status):
     assert Reconciler.settled(resource(4, status)) is False
+
+
+def at_rest_resource(annotations=None, status=None, generation=4):
+    body = {
+        "kind": "S3Bucket",
+        "metadata": {
+            "namespace": "ns",
+            "name": "b",
+            "uid": UID,
+            "generation": generation,
+            "annotations": annotations or {},
+        },
+        "spec": {},
+        "status": {
+            "observedGeneration": 4,
+            "conditions": [ready("True", 4), synced("True", cond.RECONCILE_SUCCESS, 4)],
+            **(status or {}),
+        },
+    }
+    return body, kinds.parse(body, region="us-east-1", cluster_id="c")
+
+
+def test_at_rest_true():
+    body, r = at_rest_resource(
+        {
+            "cloud.provisioner.dev/reconcile-requested-at": "1",
+            "cloud.provisioner.dev/rotate-password-at": "2",
+            "cloud.provisioner.dev/paused": "false",
+        },
+        {"lastReconcileRequest": "1", "lastPasswordRotation": "2"},
+    )
+    assert Reconciler.at_rest(r, body) is True
+
+
+@pytest.mark.parametrize(
+    "annotations, status, generation, deleting",
+    [
+        ({}, {}, 5, False),  # a spec not handled yet
+        ({}, {"conditions": [ready("False", 4), synced("True", "X", 4)]}, 4, False),
+        ({}, {"conditions": [ready("True", 4), synced("False", cond.PAUSED, 4)]}, 4, False),
+        ({}, {"conditions": [synced("True", "X", 4)]}, 4, False),  # no Ready at all
+        ({"cloud.provisioner.dev/paused": "true"}, {}, 4, False),
+        ({"cloud.provisioner.dev/reconcile-requested-at": "1"}, {}, 4, False),
+        ({"cloud.provisioner.dev/rotate-password-at": "2"}, {}, 4, False),
+        ({}, {}, 4, True),
+    ],
+)
+def test_at_rest_false(annotations, status, generation, deleting):
+    body, r = at_rest_resource(annotations, status, generation)
+    if deleting:
+        body["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert Reconciler.at_rest(r, body) is False
+
+
+def test_resumed_resources_spread_over_one_period_after_its_first_tenth():
+    settings = Settings(resync_seconds=300.0)
+    scheduler = ResyncScheduler(None, settings, None, None)
+    delays = []
+    for i in range(2000):
+        _, r = at_rest_resource()
+        r = dataclasses.replace(r, uid=f"u{i}")
+        delays.append(scheduler.track_resumed(r))
+        assert abs(scheduler.due[r.uid][0] - (time.monotonic() + delays[-1])) < 1.0
+    assert len(scheduler.due) == 2000
+    assert 30.0 <= min(delays) and max(delays) <= 330.0
+    # Uniform: each tenth of the period holds about a tenth of them.
+    for lo in range(30, 330, 30):
+        share = sum(lo <= d < lo + 30 for d in delays) / len(delays)
+        assert 0.06 < share < 0.14, (lo, share)
+    assert scheduler.calm_resume
+    assert not ResyncScheduler(None, Settings(resync_seconds=0), None, None).calm_resume
 
 
 def test_terminal_and_settled_are_exclusive():
