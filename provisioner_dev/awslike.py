@@ -145,12 +145,14 @@ class Durations:
         self.rng = rng
         self.count: Counter[str] = Counter()
         self.longest: dict[str, float] = {}
+        self.shortest: dict[str, float] = {}
         self.total: dict[str, float] = {}
 
     def draw(self, name: str) -> float:
         value = self.profile.draw(name, self.rng)
         self.count[name] += 1
         self.longest[name] = max(self.longest.get(name, 0.0), value)
+        self.shortest[name] = min(self.shortest.get(name, value), value)
         self.total[name] = self.total.get(name, 0.0) + value
         return value
 
@@ -159,6 +161,7 @@ class Durations:
             name: {
                 "count": n,
                 "max_s": round(self.longest[name], 3),
+                "min_s": round(self.shortest[name], 3),
                 "mean_s": round(self.total[name] / n, 3),
             }
             for name, n in sorted(self.count.items())
@@ -167,6 +170,7 @@ class Durations:
     def reset(self) -> None:
         self.count.clear()
         self.longest.clear()
+        self.shortest.clear()
         self.total.clear()
 
 

@@ -210,7 +210,14 @@ def phase(b: Bench) -> bool:
             "profile": config["profile"],
             "time_scale": config["time_scale"],
             "durations_seconds": config["durations_seconds"],
-            **cloud_bound(cloud_stats, b.results["ready"]["all_ready_seconds"]),
+            **cloud_bound(
+                cloud_stats,
+                b.results["ready"]["all_ready_seconds"],
+                {
+                    k.service: [cr.created_at - started for cr in created if cr.kind == k.kind]
+                    for k in KINDS
+                },
+            ),
         }
     b.results["writes_to_ready"] = {
         **writes,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from bench.lib.bound import cloud_bound
+from bench.lib.bound import cloud_bound, paced
 from bench.lib.report import ROWS, figures, summary, table
 from bench.lib.run import Options
 from bench.lib.synced import classify
@@ -167,6 +167,22 @@ def test_the_bound_is_the_busiest_bucket_or_the_longest_creating_state():
     slow = cloud_bound({**PROXY_STATS, "buckets": {}}, all_ready_s=30.0)
     assert slow["bound_s"] == 23.5 and slow["dominated_by"] == "rds.create"
     assert cloud_bound({}, all_ready_s=1.0)["ratio"] is None
+
+
+def test_the_paced_bound_counts_only_the_calls_of_crs_created_later():
+    # 400 queues, 2 tagging calls each: 200 at once, 200 more at t = 100 s. The first 200
+    # take (400 - 5) / 5 = 79 s; the later ones cannot start before 100 s: 100 + 395 / 5.
+    at = [0.0] * 200 + [100.0] * 200
+    assert paced(at, calls=800, burst=5, rate=5) == 100 + (400 - 5) / 5
+    assert paced([], calls=800, burst=5, rate=5) == (800 - 5) / 5
+    stats = {**PROXY_STATS, "durations_drawn": {"rds.create": {"max_s": 23.5, "min_s": 8.5}}}
+    bound = cloud_bound(stats, 200.0, {"sqs": at, "rds": [0.0, 150.0]})
+    assert bound["bound_s"] == 157.6  # every CR there from the start
+    # 793 calls by 400 queues: the last 200 make 396.5 of them, from 100 s on.
+    assert bound["paced_rate_bound_s"] == 178.3
+    assert bound["paced_slow_bound_s"] == 158.5  # the last DB: 150 + 8.5
+    assert bound["paced_bound_s"] == 178.3 and bound["paced_dominated_by"] == "sqs.tagging"
+    assert bound["paced_ratio"] == round(200 / 178.3, 3)
 
 
 def test_aws_like_rows_only_with_that_profile():
