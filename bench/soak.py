@@ -367,7 +367,7 @@ class Soak:
             self.stack.remove()
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -392,7 +392,7 @@ def main() -> int:
         help=f"{' or '.join(PROFILES)}: moto as it is (default), or behind the aws-like proxy",
     )
     add_profile_arguments(parser)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     try:
         cloud = requested_profile(args.cloud_profile, args.time_scale, args.duration, args.throttle)
     except ProfileError as exc:

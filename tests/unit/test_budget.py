@@ -138,6 +138,38 @@ def test_the_rate_never_falls_below_its_floor():
     assert bucket.capacity == pytest.approx(5)
 
 
+def test_the_calls_in_flight_when_the_limit_is_hit_halve_the_rate_once():
+    t = FakeTime()
+    budget = budget_with(t, rds=Limit(burst=2, rate=4))
+    buckets = budget.buckets_for("rds", "us-east-1", "DescribeDBInstances")
+    # Ten calls take their tokens at the documented pace; every one is answered Throttling.
+    reserved = []
+    for _ in range(10):
+        reserved.append(t.now)
+        budget.acquire("rds", buckets)
+    for at in reserved:
+        assert budget.throttled("rds", buckets, at)
+    assert buckets[0].rate == 2  # one decrease for the whole burst, not ten (down to 0.2)
+    # A call paced by the new rate and throttled again: the new rate is too high as well.
+    t.now += 1
+    budget.throttled("rds", buckets, t.now - 0.5)
+    assert buckets[0].rate == 1
+
+
+def test_calls_already_waiting_keep_their_turn_when_the_rate_comes_back():
+    t = FakeTime()
+    budget = budget_with(t, rds=Limit(burst=1, rate=10))
+    bucket = rds_bucket(budget)
+    bucket.throttled(t.now)  # 5 per second, empty
+    waits = [bucket.reserve(t.now) for _ in range(5)]
+    assert waits == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0])
+    for _ in range(25):  # successes meanwhile bring the documented 10 per second back
+        bucket.succeeded(t.now)
+    assert bucket.rate == pytest.approx(10)
+    # The next call goes after the five already promised (1.0 s), not alongside them.
+    assert bucket.reserve(t.now) == pytest.approx(1.0 + 1 / 10)
+
+
 def test_throttling_is_absorbed_until_the_bucket_was_throttled_too_long():
     t = FakeTime()
     settings = BudgetSettings(limits={"rds": Limit(burst=5, rate=1)}, max_throttled_seconds=30)
