@@ -198,6 +198,8 @@ class Row:
     check: Check | None = None
     # Shown only where this holds (e.g. the aws-like figures with that cloud profile alone).
     when: Callable[[Doc], bool] | None = None
+    # The target (and its check) holds only where this does (the instant cloud's targets).
+    target_when: Callable[[Doc], bool] | None = None
 
 
 def _operator_args(doc: Doc) -> str:
@@ -228,12 +230,7 @@ ROWS: tuple[Row, ...] = (
         seconds("ready.all_ready_seconds"),
         "< 60 s",
         below("ready.all_ready_seconds", 60),
-        when=instant,
-    ),
-    Row(
-        "time to all Ready (from first create)",
-        seconds("ready.all_ready_seconds"),
-        when=aws_like,
+        target_when=instant,
     ),
     Row(
         "per-CR time to Ready p50 / p99",
@@ -244,9 +241,8 @@ ROWS: tuple[Row, ...] = (
         seconds("delete.all_gone_seconds"),
         "< 60 s",
         below("delete.all_gone_seconds", 60),
-        when=instant,
+        target_when=instant,
     ),
-    Row("time to all deleted", seconds("delete.all_gone_seconds"), when=aws_like),
     Row(
         f"cloud resources left ({'/'.join(k.left_key for k in KINDS)})",
         template(f"{{cloud_resources_left.total}} ({_left})", needs="cloud_resources_left"),
@@ -270,6 +266,7 @@ ROWS: tuple[Row, ...] = (
         "API writes per CR to Ready (operator)",
         template(f"{{{_per_cr}.operator_total:.2f}}"),
         "<= 4 + 2 Events",
+        target_when=instant,
     ),
     Row("  CR (finalizer, metadata)", template(f"{{{_per_cr}.cr:.2f}}")),
     Row("  CR status", template(f"{{{_per_cr}.cr_status:.2f}}")),
@@ -285,6 +282,8 @@ ROWS: tuple[Row, ...] = (
         template(f"{{{_per_cr}.event:.2f}}"),
         "<= 2",
         at_most(f"{_per_cr}.event", 2),
+        # aws-like: each DatabaseInstance also posts `Creating` while it is creating.
+        target_when=instant,
     ),
     Row(
         "writes during idle ({opts.idle:.0f} s): operator",
@@ -298,6 +297,8 @@ ROWS: tuple[Row, ...] = (
         pair(seconds("changes.p50_s"), seconds("changes.p99_s"), needs="changes"),
         "p99 < 2 s",
         below("changes.p99_s", 2),
+        # aws-like: a queue's pass reads its tags (ListQueueTags, 5 per second per account).
+        target_when=instant,
     ),
     Row(
         "AWS calls per CR to Ready (moto recorder)",
@@ -375,16 +376,20 @@ def verdict(ok: bool | None) -> str:
 
 
 def table(doc: Doc, rows: tuple[Row, ...] = ROWS) -> str:
-    cells = [
-        (
-            template(row.label, missing="?")(doc),
-            row.value(doc),
-            row.target,
-            verdict(row.check(doc) if row.check else None),
+    cells = []
+    for row in rows:
+        if row.when is not None and not row.when(doc):
+            continue
+        targeted = row.target_when is None or row.target_when(doc)
+        check = row.check if targeted else None
+        cells.append(
+            (
+                template(row.label, missing="?")(doc),
+                row.value(doc),
+                row.target if targeted else "",
+                verdict(check(doc) if check else None),
+            )
         )
-        for row in rows
-        if row.when is None or row.when(doc)
-    ]
     headers = ("figure", "value", "target", "")
     widths = [max(len(r[i]) for r in [headers, *cells]) for i in range(4)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]

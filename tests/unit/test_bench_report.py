@@ -202,7 +202,11 @@ def test_aws_like_rows_only_with_that_profile():
     }
     doc = figures(opts, split_mix(12, "1:1:1:1"), results, {"sha256": "abc"})
     rows = _rows(table(doc))
-    assert rows["time to all Ready (from first create)"] == "71.50 s"  # no instant target
+    # The instant cloud's targets are not applied.
+    assert rows["time to all Ready (from first create)"] == "71.50 s"
+    assert rows["time to all deleted"] == "4.50 s"
+    assert rows["spec-change latency p50 / p99 (3 changes)"] == "0.30 s / 0.90 s"
+    assert rows["Event"] == "1.00"
     assert rows["cloud profile, time scale (RDS creating)"] == "aws-like, 30 (8-24 s)"
     assert rows["Synced=False seen (WATCH, whole run)"].split()[-3:] == [
         "0",
