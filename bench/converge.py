@@ -19,6 +19,12 @@ AWS calls, and /proc for the operator's peak RSS and CPU time, then prints one t
 130 on Ctrl-C. Everything it started is stopped at the end unless --keep.
 
     .venv/bin/python bench/converge.py --n 1000 --namespaces 10 --mix 1:1:1:1 --idle 60
+    .venv/bin/python bench/converge.py --cloud-profile aws-like --mix 1:3:3:3 --idle 10
+
+With `--cloud-profile aws-like` the operator talks to moto through provisioner_dev/awslike.py
+(AWS's slow states, name holds and throttling); the table then also has the Synced=False
+conditions seen (by class: throttling or not) and the time to all Ready next to the shortest
+the cloud's own limits allow (bench/lib/bound.py).
 
 See bench/README.md for what each figure means and the targets.
 """
@@ -46,6 +52,14 @@ from bench.lib.profile import PySpy, profile_text, summarize_profile  # noqa: E4
 from bench.lib.report import figures, summary, table  # noqa: E402
 from bench.lib.run import Bench, Options  # noqa: E402
 from bench.lib.workload import MIX_NAMES, split_mix  # noqa: E402
+from provisioner_dev.cloudprofile import (  # noqa: E402
+    PROFILES,
+    CloudProfile,
+    ProfileError,
+    add_profile_arguments,
+    names_help,
+    requested_profile,
+)
 from provisioner_dev.kubejson import KubeJson  # noqa: E402
 from provisioner_dev.launch import Stack  # noqa: E402
 
@@ -108,16 +122,36 @@ def parse_args(argv: list[str] | None) -> Options:
         "GIL (Python CPU time); wall: every thread, waiting ones too",
     )
     p.add_argument("--workdir", type=Path, help="logs and data here (default: a temp dir)")
+    p.add_argument(
+        "--cloud-profile",
+        default="instant",
+        help=f"{' or '.join(PROFILES)}: moto as it is (default), or behind the aws-like proxy "
+        "(AWS's slow states, name holds and throttling; provisioner_dev/profiles/aws-like.yaml)",
+    )
+    add_profile_arguments(p)
+    p.epilog = f"aws-like profile: {names_help()}"
     a = p.parse_args(argv)
     if a.n < 1 or a.namespaces < 1:
         p.error("--n and --namespaces must be >= 1")
+    parse_cloud_profile(a.cloud_profile, a.time_scale, a.duration, a.throttle)
     # Every option's dest is a field of Options.
     return Options(**{**vars(a), "py_spy": a.py_spy.resolve() if a.py_spy else None})
+
+
+def parse_cloud_profile(
+    name: str, time_scale: str | None, durations: list[str], throttles: list[str]
+) -> CloudProfile | None:
+    """The profile asked for; a bad one ends the program with one line saying why."""
+    try:
+        return requested_profile(name, time_scale, durations, throttles)
+    except ProfileError as exc:
+        raise SystemExit(f"bench/converge.py: {exc}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
     opts = parse_args(argv)
     counts = split_mix(opts.n, opts.mix)
+    cloud = parse_cloud_profile(opts.cloud_profile, opts.time_scale, opts.duration, opts.throttle)
 
     def on_term(signum: int, frame: Any) -> None:
         raise Interrupted()
@@ -130,14 +164,15 @@ def main(argv: list[str] | None = None) -> int:
         workdir.mkdir(parents=True, exist_ok=True)
     else:
         workdir = Path(tempfile.mkdtemp(prefix="provisioner-bench-"))
-    stack = Stack(dir=workdir, record=True)
+    stack = Stack(dir=workdir, record=True, cloud_profile=cloud, cloud_seed=opts.seed)
     bench: Bench | None = None
     code = 1
     keep_dir = opts.keep or opts.workdir is not None
     load = os.getloadavg()
     try:
         source = source_fingerprint()
-        log(f"starting the control plane, moto and the operator in {workdir}")
+        what = "moto" if cloud is None else f"moto behind the {cloud.name} proxy"
+        log(f"starting the control plane, {what} and the operator in {workdir}")
         newest = f"{source['newest']} {source['newest_mtime']}"
         log(f"operator source {source['sha256']} (newest file: {newest})")
         started = time.monotonic()
@@ -165,7 +200,9 @@ def main(argv: list[str] | None = None) -> int:
             "setup_seconds": round(setup_seconds, 1),
             "operator_args": opts.operator_args,
             "operator_source": source,
-            "aws_calls_counted_with": "moto recorder (MOTO_ENABLE_RECORDING)",
+            "aws_calls_counted_with": "moto recorder (MOTO_ENABLE_RECORDING)"
+            + ("" if cloud is None else "; at the aws-like proxy: its stats"),
+            "cloud_profile": None if cloud is None else {"name": cloud.name, "args": cloud.args},
             "details": results,
             "profile": profile,
             "workdir": str(workdir) if keep_dir or code else None,

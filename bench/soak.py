@@ -7,6 +7,12 @@ are applied in between. At the end one table; exit 1 if anything was duplicated,
 leaked, stuck in Terminating, or left without its Secret.
 
     .venv/bin/python bench/soak.py --n 200 --kills 20 --fault-rate 0.3 --invalid 50
+    .venv/bin/python bench/soak.py --cloud-profile aws-like --n 60
+
+With `--cloud-profile aws-like` the aws-like proxy (AWS's slow states, name holds and
+throttling) sits behind the fault proxy: operator -> fault proxy -> aws-like proxy -> moto, so
+that a call the fault proxy loses after the cloud acted was seen by the aws-like cloud too.
+Every Synced=False a resource shows is seen with a WATCH and counted by class.
 """
 
 from __future__ import annotations
@@ -15,19 +21,32 @@ import argparse
 import json
 import random
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 from collections import Counter
 from pathlib import Path
 
-from provisioner import API_VERSION
-from provisioner.kinds import KINDS as REGISTERED
-from provisioner_dev.cloud import DevCloud, by_owner, inventory
-from provisioner_dev.kubejson import KubeJson
-from provisioner_dev.launch import Stack
-from provisioner_dev.samples import SAMPLES
-from provisioner_dev.stack import run_kubectl
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.lib.synced import SyncedWatch, describe  # noqa: E402
+from provisioner import API_VERSION  # noqa: E402
+from provisioner.kinds import KINDS as REGISTERED  # noqa: E402
+from provisioner_dev.cloud import DevCloud, by_owner, inventory  # noqa: E402
+from provisioner_dev.cloudprofile import (  # noqa: E402
+    PROFILES,
+    CloudProfile,
+    ProfileError,
+    add_profile_arguments,
+    requested_profile,
+)
+from provisioner_dev.kubejson import KubeJson  # noqa: E402
+from provisioner_dev.launch import Stack  # noqa: E402
+from provisioner_dev.samples import SAMPLES  # noqa: E402
+from provisioner_dev.stack import run_kubectl  # noqa: E402
 
 CLUSTER_ID = "soak"
 # Every registered kind, with its sample spec (deleted without a final snapshot), the change
@@ -45,12 +64,19 @@ def log(message: str) -> None:
 
 
 class Soak:
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, cloud: CloudProfile | None = None) -> None:
         self.args = args
         self.rng = random.Random(args.seed)
         self.dir = Path(tempfile.mkdtemp(prefix="provisioner-soak-"))
-        self.stack = Stack(dir=self.dir, fault_rate=args.fault_rate, fault_seed=args.seed)
+        self.stack = Stack(
+            dir=self.dir,
+            fault_rate=args.fault_rate,
+            fault_seed=args.seed,
+            cloud_profile=cloud,
+            cloud_seed=args.seed,
+        )
         self.api: KubeJson | None = None
+        self.synced: SyncedWatch | None = None
         self.cloud: DevCloud | None = None
         self.lock = threading.Lock()
         self.kills = 0
@@ -169,6 +195,14 @@ class Soak:
         self.api = KubeJson(self.stack.kubeconfig, transient_seconds=60)
         self.cloud = DevCloud(self.stack.cloud.url)
         self.stack.start_operator(args=["--resync-seconds=30"], cluster_id=CLUSTER_ID, timeout=120)
+        namespaces = {f"soak-{i}" for i in range(self.args.namespaces)}
+        synced = self.synced = SyncedWatch(
+            KubeJson(self.stack.kubeconfig, transient_seconds=60),
+            [plural for plural, _ in KINDS.values()],
+            wanted=lambda namespace, name: namespace in namespaces,
+        )
+        synced.phase = "create"
+        synced.start().wait_listed()
         killer = threading.Thread(target=self.killer, daemon=True)
         killer.start()
         log(f"creating {self.args.n} resources in {self.args.namespaces} namespaces")
@@ -192,6 +226,7 @@ class Soak:
         )
         self.figures["created for invalid"] = created_for_invalid
 
+        synced.phase = "update"
         log("updating every resource")
         for kind, ns, name in self.names:
             self.kubectl(
@@ -199,6 +234,7 @@ class Soak:
             )
         t_updated = self.wait(lambda: self.not_ready(2), "all updates reconciled")
 
+        synced.phase = "delete"
         log("deleting every resource")
         for i in range(self.args.namespaces):
             self.kubectl(
@@ -216,7 +252,12 @@ class Soak:
         self.figures["leaks"] = sum(self.owners().values())
         assert self.stack.proxy is not None
         stats = self.stack.proxy.stats()
-        self.print_table(stats, t_ready, t_updated, t_deleted, time.monotonic() - started)
+        synced.stop()
+        seen = synced.summary()
+        cloud = self.stack.awslike.stats() if self.stack.awslike is not None else None
+        self.print_table(
+            stats, seen, cloud, t_ready, t_updated, t_deleted, time.monotonic() - started
+        )
         bad = [
             key
             for key in (
@@ -228,6 +269,8 @@ class Soak:
             )
             if self.figures[key] > 0
         ]
+        if seen["throttling"]:
+            bad.append("Synced=False from throttling")
         if self.figures["invalid refused"] != self.figures["invalid applied"]:
             bad.append("invalid accepted")
         if min(t_ready, t_updated, t_deleted) < 0:
@@ -238,11 +281,22 @@ class Soak:
         return 0
 
     def print_table(
-        self, stats: dict, t_ready: float, t_updated: float, t_deleted: float, total: float
+        self,
+        stats: dict,
+        synced: dict,
+        cloud: dict | None,
+        t_ready: float,
+        t_updated: float,
+        t_deleted: float,
+        total: float,
     ) -> None:
         n = self.args.n
+        profile = "instant (moto as it is)"
+        if cloud is not None:
+            profile = f"{cloud['profile']}, time scale {cloud['time_scale']:g}"
         rows = [
             ("CRs", f"{n} ({self.args.namespaces} namespaces, even mix of {len(KINDS)} kinds)"),
+            ("cloud profile", profile),
             ("operator kills (SIGKILL)", str(self.kills)),
             ("API-server restarts", str(self.figures["apiserver restarts"])),
             ("AWS calls", f"{stats['total']} ({stats['total'] / n:.1f} per CR)"),
@@ -253,6 +307,20 @@ class Soak:
                     f"{k} {v}" for k, v in sorted(stats["by_outcome"].items()) if k != "forwarded"
                 ),
             ),
+            *(
+                []
+                if cloud is None
+                else [
+                    (
+                        "aws-like: calls, throttled, refused",
+                        f"{cloud['calls']}, {cloud['throttles']}, {cloud['refusals']}"
+                        + "".join(
+                            f"; {k} {v}" for k, v in sorted(cloud["refusals_by_action"].items())
+                        ),
+                    )
+                ]
+            ),
+            ("Synced=False seen (WATCH)", describe(synced)),
             (
                 "invalid manifests refused",
                 f"{self.figures['invalid refused']} of {self.figures['invalid applied']}",
@@ -277,6 +345,8 @@ class Soak:
                     {
                         "kills": self.kills,
                         "aws": stats,
+                        "cloud_profile": cloud,
+                        "synced_false": synced,
                         **self.figures,
                         "ready_s": t_ready,
                         "updated_s": t_updated,
@@ -289,13 +359,15 @@ class Soak:
 
     def close(self) -> None:
         self.stop_killing.set()
+        if self.synced is not None:
+            self.synced.stop()
         with self.lock:
             self.stack.stop()
         if not self.args.keep:
             self.stack.remove()
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -314,8 +386,18 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", help="also write the figures here")
     parser.add_argument("--keep", action="store_true", help="keep the data directory")
-    args = parser.parse_args()
-    soak = Soak(args)
+    parser.add_argument(
+        "--cloud-profile",
+        default="instant",
+        help=f"{' or '.join(PROFILES)}: moto as it is (default), or behind the aws-like proxy",
+    )
+    add_profile_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        cloud = requested_profile(args.cloud_profile, args.time_scale, args.duration, args.throttle)
+    except ProfileError as exc:
+        raise SystemExit(f"bench/soak.py: {exc}") from None
+    soak = Soak(args, cloud)
     try:
         return soak.run()
     finally:

@@ -23,7 +23,8 @@ durations are divided by the time scale, rates are not.
         --time-scale 300 --duration rds.create=60 --throttle rds.*=20:2
 
 Control, on the same port: GET /__profile__/stats (calls, throttles and refusals per
-action), GET /__profile__/config (the effective profile), POST /__profile__/reset (counters).
+action; per throttling bucket the calls it let through; the durations drawn), GET
+/__profile__/config (the effective profile), POST /__profile__/reset (counters).
 """
 
 from __future__ import annotations
@@ -82,6 +83,9 @@ class Throttler:
     def __init__(self, profile: Profile) -> None:
         self.profile = profile
         self.buckets: dict[tuple[str, ...], TokenBucket] = {}
+        # Per bucket (same key): calls it let through, calls it refused (since the last reset).
+        self.passed: Counter[tuple[str, ...]] = Counter()
+        self.refused: Counter[tuple[str, ...]] = Counter()
 
     def allow(self, account: str, region: str, service: str, action: str, scope: str) -> bool:
         throttling = self.profile.throttling.get(service)
@@ -96,7 +100,78 @@ class Throttler:
         bucket = self.buckets.get(key)
         if bucket is None:
             bucket = self.buckets[key] = TokenBucket(spec, now)
-        return bucket.take(now)
+        allowed = bucket.take(now)
+        (self.passed if allowed else self.refused)[key] += 1
+        return allowed
+
+    def by_bucket(self) -> dict[str, dict[str, Any]]:
+        """`service.bucket` -> its size and rate, how many buckets of it were used (one per
+        account and region; S3: per S3 bucket too), and the calls the busiest one let
+        through (`calls`): the figure that bounds how fast those calls can be made,
+        (calls - burst) / rate seconds at the least."""
+        found: dict[str, dict[str, Any]] = {}
+        for key in set(self.passed) | set(self.refused):
+            service, name = key[2], key[4]
+            spec = self.buckets[key].spec
+            row = found.setdefault(
+                f"{service}.{name}",
+                {
+                    "burst": spec.burst,
+                    "rate": spec.rate,
+                    "per": self.profile.throttling[service].per,
+                    "instances": 0,
+                    "calls": 0,
+                    "calls_total": 0,
+                    "throttled": 0,
+                },
+            )
+            row["instances"] += 1
+            row["calls"] = max(row["calls"], self.passed[key])
+            row["calls_total"] += self.passed[key]
+            row["throttled"] += self.refused[key]
+        return dict(sorted(found.items()))
+
+    def reset(self) -> None:
+        self.passed.clear()
+        self.refused.clear()
+
+
+class Durations:
+    """Draws durations from the profile and keeps, per name, how many, the longest, the sum
+    (real seconds, after the time scale)."""
+
+    def __init__(self, profile: Profile, rng: random.Random) -> None:
+        self.profile = profile
+        self.rng = rng
+        self.count: Counter[str] = Counter()
+        self.longest: dict[str, float] = {}
+        self.shortest: dict[str, float] = {}
+        self.total: dict[str, float] = {}
+
+    def draw(self, name: str) -> float:
+        value = self.profile.draw(name, self.rng)
+        self.count[name] += 1
+        self.longest[name] = max(self.longest.get(name, 0.0), value)
+        self.shortest[name] = min(self.shortest.get(name, value), value)
+        self.total[name] = self.total.get(name, 0.0) + value
+        return value
+
+    def stats(self) -> dict[str, dict[str, float]]:
+        return {
+            name: {
+                "count": n,
+                "max_s": round(self.longest[name], 3),
+                "min_s": round(self.shortest[name], 3),
+                "mean_s": round(self.total[name] / n, 3),
+            }
+            for name, n in sorted(self.count.items())
+        }
+
+    def reset(self) -> None:
+        self.count.clear()
+        self.longest.clear()
+        self.shortest.clear()
+        self.total.clear()
 
 
 RDS_NS = "http://rds.amazonaws.com/doc/2014-10-31/"
@@ -170,9 +245,10 @@ class RdsModel:
         self.instances: dict[tuple[str, str, str], DbInstance] = {}
         self.deleting: dict[tuple[str, str, str], DeletingDb] = {}
         self.snapshots: dict[tuple[str, str, str], tuple[float, float]] = {}
+        self.durations = Durations(profile, rng)
 
     def draw(self, name: str) -> float:
-        return self.profile.draw(name, self.rng)
+        return self.durations.draw(name)
 
     def phase(self, key: tuple[str, str, str], now: float) -> str:
         if key in self.deleting and now < self.deleting[key].until:
@@ -296,6 +372,7 @@ class SqsModel:
         self.profile = profile
         self.rng = rng
         self.deleted: dict[tuple[str, str, str], float] = {}
+        self.durations = Durations(profile, rng)
         # queue -> attribute -> (old value or None, shown until)
         self.stale: dict[tuple[str, str, str], dict[str, tuple[str | None, float]]] = {}
 
@@ -303,7 +380,7 @@ class SqsModel:
         return now < self.deleted.get(key, 0.0)
 
     def queue_deleted(self, key: tuple[str, str, str], now: float) -> None:
-        self.deleted[key] = now + self.profile.draw("sqs.deleted_name", self.rng)
+        self.deleted[key] = now + self.durations.draw("sqs.deleted_name")
         self.stale.pop(key, None)
 
     def attributes_set(
@@ -313,7 +390,7 @@ class SqsModel:
             if before.get(attr) == value:
                 continue
             name = "sqs.retention" if attr == self.RETENTION else "sqs.attributes"
-            until = now + self.profile.draw(name, self.rng)
+            until = now + self.durations.draw(name)
             self.stale.setdefault(key, {})[attr] = (before.get(attr), until)
 
     def render(
@@ -333,12 +410,13 @@ class S3Model:
         self.profile = profile
         self.rng = rng
         self.deleted: dict[str, float] = {}
+        self.durations = Durations(profile, rng)
 
     def name_held(self, bucket: str, now: float) -> bool:
         return now < self.deleted.get(bucket, 0.0)
 
     def bucket_deleted(self, bucket: str, now: float) -> None:
-        self.deleted[bucket] = now + self.profile.draw("s3.deleted_name", self.rng)
+        self.deleted[bucket] = now + self.durations.draw("s3.deleted_name")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -420,12 +498,22 @@ class AwsLike:
             "throttles_by_action": dict(self.throttled),
             "refusals_by_action": dict(self.refused),
             "accounts": dict(self.accounts),
+            "buckets": self.throttler.by_bucket(),
+            "durations_drawn": {
+                **self.rds.durations.stats(),
+                **self.sqs.durations.stats(),
+                **self.s3.durations.stats(),
+            },
         }
 
     def reset(self) -> None:
+        """The counters start again (the buckets and the resources' states do not)."""
         self.counts.clear()
         self.throttled.clear()
         self.refused.clear()
+        self.throttler.reset()
+        for model in (self.rds, self.sqs, self.s3):
+            model.durations.reset()
 
 
 def make_app(state: AwsLike) -> web.Application:

@@ -21,30 +21,9 @@ def _dev_stack():
 
 def _cloud_profile(args: argparse.Namespace):
     """The CloudProfile asked for (None: instant, plain moto); ProfileError if it is wrong."""
-    from provisioner_dev.cloudprofile import (
-        INSTANT,
-        PROFILES,
-        CloudProfile,
-        ProfileError,
-        load_profile,
-        profile_args,
-    )
+    from provisioner_dev.cloudprofile import requested_profile
 
-    if args.cloud_profile not in PROFILES:
-        raise ProfileError(
-            f"unknown cloud profile {args.cloud_profile!r} (known: {', '.join(PROFILES)})"
-        )
-    overrides = args.time_scale is not None or args.duration or args.throttle
-    if args.cloud_profile == INSTANT:
-        if overrides:
-            raise ProfileError(
-                "--time-scale, --duration and --throttle need --cloud-profile aws-like"
-            )
-        return None
-    load_profile(args.cloud_profile, args.time_scale, args.duration, args.throttle)
-    return CloudProfile(
-        args.cloud_profile, profile_args(args.time_scale, args.duration, args.throttle)
-    )
+    return requested_profile(args.cloud_profile, args.time_scale, args.duration, args.throttle)
 
 
 def cmd_dev_up(args: argparse.Namespace) -> int:

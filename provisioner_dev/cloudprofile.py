@@ -251,3 +251,23 @@ def profile_args(
     args += [f"--duration={d}" for d in durations or []]
     args += [f"--throttle={t}" for t in throttles or []]
     return args
+
+
+def requested_profile(
+    name: str,
+    time_scale: str | float | None = None,
+    durations: list[str] | None = None,
+    throttles: list[str] | None = None,
+) -> CloudProfile | None:
+    """What a command line asked for: None for the instant cloud (moto as it is), else the
+    profile and its overrides, checked; ProfileError (one line) for anything wrong."""
+    if name not in PROFILES:
+        raise ProfileError(f"unknown cloud profile {name!r} (known: {', '.join(PROFILES)})")
+    if name == INSTANT:
+        if time_scale is not None or durations or throttles:
+            raise ProfileError(
+                "--time-scale, --duration and --throttle need --cloud-profile aws-like"
+            )
+        return None
+    load_profile(name, time_scale, durations, throttles)
+    return CloudProfile(name, profile_args(time_scale, durations, throttles))

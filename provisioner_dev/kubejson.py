@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -92,3 +93,44 @@ class KubeJson:
         if status != 200:
             raise RuntimeError(f"GET {path}: {status}")
         return data.decode(errors="replace")
+
+    def watch(
+        self, path: str, resource_version: str, timeout_seconds: int = 60
+    ) -> Iterator[dict[str, Any]]:
+        """The events of one WATCH of a collection from `resource_version` (with bookmarks),
+        as they come, until the API server ends it (after `timeout_seconds`); RuntimeError
+        when it is refused. An ERROR event (e.g. 410: that version is gone) is yielded too."""
+        query = (
+            f"watch=1&allowWatchBookmarks=true&resourceVersion={resource_version}"
+            f"&timeoutSeconds={timeout_seconds}"
+        )
+        method, url, headers, _, _ = self.client.param_serialize(
+            "GET",
+            f"{path}?{query}",
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        try:
+            resp = self.client.call_api(
+                method, url, headers, _request_timeout=(10, timeout_seconds + 30)
+            )
+        except kubernetes.client.exceptions.ApiException as exc:
+            raise RuntimeError(f"WATCH {path}: {exc.status} {exc.reason}") from None
+        except urllib3.exceptions.HTTPError as exc:
+            raise RuntimeError(f"WATCH {path}: {exc}") from None
+        stream = resp.response
+        try:
+            if resp.status != 200:
+                raise RuntimeError(f"WATCH {path}: {resp.status} {stream.read()[:300]!r}")
+            pending = b""
+            for chunk in stream.stream(65536, decode_content=True):
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield json.loads(line)
+        except urllib3.exceptions.HTTPError as exc:
+            raise RuntimeError(f"WATCH {path}: {exc}") from None
+        finally:
+            stream.close()  # a watch connection is not reused, whether read to its end or not
+            stream.release_conn()

@@ -1,8 +1,12 @@
 """One starter for the whole local stack, used by `provisioner dev up`, the tests and bench/.
 
-A `Stack` is a control plane, a cloud endpoint (moto's server, or LocalStack), the CRDs, and
-optionally a fault proxy in front of the cloud and operator processes, all children of this
-process with their data in one directory:
+A `Stack` is a control plane, a cloud endpoint (moto's server, or LocalStack), the CRDs,
+optionally the aws-like proxy in front of moto (`cloud_profile`) and a fault proxy in front of
+that, and operator processes, all children of this process with their data in one directory.
+The operators' calls go operator -> fault proxy -> aws-like proxy -> moto (each part only when
+asked for): the fault proxy's "lost" answers then come after the aws-like proxy has seen the
+call, as AWS would have (its states and buckets move), and only calls that got through the
+fault proxy draw from the throttling buckets.
 
     with Stack(dir=workdir, record=True) as stack:   # start() ... stop()
         stack.start_operator(args=["--resync-seconds=4"], cluster_id="bench")
@@ -23,7 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from provisioner_dev.awslike import AwsLikeProxy
 from provisioner_dev.binaries import ensure_binaries
+from provisioner_dev.cloudprofile import CloudProfile
 from provisioner_dev.controlplane import ControlPlane, write_kubeconfig
 from provisioner_dev.stack import (
     FaultProxy,
@@ -53,10 +59,14 @@ class Stack:
     # A fault proxy in front of the cloud, failing this share of calls; operators use it.
     fault_rate: float | None = None
     fault_seed: int | None = None
+    # The aws-like profile (provisioner_dev/awslike.py) between the operators and moto.
+    cloud_profile: CloudProfile | None = None
+    cloud_seed: int | None = None
 
     controlplane: ControlPlane = field(init=False)
     cloud: MotoServer | LocalStackServer = field(init=False)
     proxy: FaultProxy | None = field(init=False, default=None)
+    awslike: AwsLikeProxy | None = field(init=False, default=None)
     operators: list[OperatorProcess] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
@@ -74,6 +84,8 @@ class Stack:
             self.cloud = MotoServer(log=logs / "moto.log", record_to=self.recording)
         else:
             raise ValueError(f"unknown cloud {self.cloud_kind!r}: moto or localstack")
+        if self.cloud_profile is not None and self.cloud_kind != "moto":
+            raise ValueError("a cloud profile plays AWS in front of moto, not LocalStack")
 
     # -- the parts ---------------------------------------------------------------------------
 
@@ -94,9 +106,14 @@ class Stack:
         return self.operators[-1] if self.operators else None
 
     @property
+    def cloud_url(self) -> str:
+        """The cloud as the operators see it, faults aside: the aws-like proxy, else moto."""
+        return self.awslike.url if self.awslike is not None else self.cloud.url
+
+    @property
     def operator_url(self) -> str:
         """The cloud endpoint the operators are given: the fault proxy's when there is one."""
-        return self.proxy.url if self.proxy is not None else self.cloud.url
+        return self.proxy.url if self.proxy is not None else self.cloud_url
 
     def start(self) -> Stack:
         self.controlplane.bin = ensure_binaries()
@@ -104,9 +121,18 @@ class Stack:
             self.controlplane.start()
             self.cloud.start()
             install_crds(self.kubeconfig)
+            if self.cloud_profile is not None:
+                self.awslike = AwsLikeProxy(
+                    upstream=self.cloud.url,
+                    profile=self.cloud_profile.name,
+                    args=self.cloud_profile.args,
+                    seed=self.cloud_seed,
+                    log=(self.log_dir or self.dir) / "awslike.log",
+                )
+                self.awslike.start()
             if self.fault_rate is not None:
                 self.proxy = FaultProxy(
-                    upstream=self.cloud.url,
+                    upstream=self.cloud_url,
                     log=(self.log_dir or self.dir) / "proxy.log",
                     rate=self.fault_rate,
                     seed=self.fault_seed,
@@ -195,6 +221,8 @@ class Stack:
         found = {name: p.pid for name, p in self.controlplane.procs.items()}
         if self.cloud.proc is not None:
             found[self.cloud_kind] = self.cloud.proc.pid
+        if self.awslike is not None and self.awslike.proc is not None:
+            found["awslike"] = self.awslike.proc.pid
         if self.proxy is not None and self.proxy.proc is not None:
             found["proxy"] = self.proxy.proc.pid
         running = [op for op in self.operators if op.proc is not None]
@@ -216,7 +244,13 @@ class Stack:
     def stop(self) -> list[str]:
         """Stop every part, the operators first. A part that fails to stop does not keep the
         rest running: the failures are printed to stderr and returned."""
-        parts: list[Any] = [*reversed(self.operators), self.proxy, self.cloud, self.controlplane]
+        parts: list[Any] = [
+            *reversed(self.operators),
+            self.proxy,
+            self.awslike,
+            self.cloud,
+            self.controlplane,
+        ]
         failures = []
         for part in parts:
             if part is None:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from bench.lib import log
+from bench.lib.bound import cloud_bound
 from bench.lib.measure import (
     categorize,
     operator_writes,
@@ -148,6 +149,8 @@ def phase(b: Bench) -> bool:
     b.mark_cpu("ready")
     at_ready = scrape_writes(b.api)
     aws_ready = b.recording.mark()
+    cloud_stats = b.stack.awslike.stats() if b.stack.awslike is not None else None
+    b.enter("settle")
     if spy:
         spy.stop()
     settled, settle_seconds, quiet = b.settle()
@@ -201,6 +204,21 @@ def phase(b: Bench) -> bool:
         "list_rounds": b.lister.rounds,
         "list_seconds_mean": rounded(b.lister.list_seconds / max(1, b.lister.rounds)),
     }
+    if cloud_stats is not None and b.stack.awslike is not None:
+        config = b.stack.awslike.config()
+        b.results["aws_like"] = {
+            "profile": config["profile"],
+            "time_scale": config["time_scale"],
+            "durations_seconds": config["durations_seconds"],
+            **cloud_bound(
+                cloud_stats,
+                b.results["ready"]["all_ready_seconds"],
+                {
+                    k.service: [cr.created_at - started for cr in created if cr.kind == k.kind]
+                    for k in KINDS
+                },
+            ),
+        }
     b.results["writes_to_ready"] = {
         **writes,
         "per_cr": {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from bench.lib.measure import (
 )
 from bench.lib.profile import PySpy
 from bench.lib.recording import BENCH_USER_AGENT, Recording
+from bench.lib.synced import SyncedWatch
 from bench.lib.workload import KINDS, PLURALS, Lister, plan
 from provisioner import API_VERSION, GROUP
 from provisioner_dev.cloud import DevCloud, inventory
@@ -51,6 +52,11 @@ class Options:
     py_spy_rate: int
     py_spy_mode: str
     workdir: Path | None
+    # The cloud: instant (moto as it is) or aws-like (provisioner_dev/awslike.py in front).
+    cloud_profile: str = "instant"
+    time_scale: str | None = None
+    duration: list[str] = field(default_factory=list)
+    throttle: list[str] = field(default_factory=list)
 
 
 class Bench:
@@ -69,24 +75,49 @@ class Bench:
         self.rss_max_kib = 0
         self.spy: PySpy | None = None
         self.cpu_marks: dict[str, dict[str, float]] = {}
+        # The bench's own checks go to moto directly: never throttled, never delayed, and
+        # no draw on the operator's buckets.
         self.cloud = DevCloud(stack.cloud.url, user_agent=BENCH_USER_AGENT)
+        # With the aws-like cloud: every Synced=False the CRs show, phase by phase.
+        self.synced: SyncedWatch | None = None
+        if stack.awslike is not None:
+            names = {(cr.namespace, cr.name) for cr in self.crs}
+            self.synced = SyncedWatch(
+                KubeJson(stack.kubeconfig, pool_size=8),
+                sorted({cr.plural for cr in self.crs}),
+                wanted=lambda namespace, name: (namespace, name) in names,
+            )
+
+    def enter(self, phase: str) -> None:
+        """The phase the Synced=False seen from now on belong to."""
+        if self.synced is not None:
+            self.synced.phase = phase
 
     @property
     def operator_pid(self) -> int | None:
         return operator_pid(self.stack)
 
     def run(self) -> None:
-        ok = create.phase(self)
-        if ok and not self.errors:
-            phases.idle(self)
-            if self.o.restart > 0:
-                phases.restart(self)
-            if self.o.changes > 0:
-                phases.changes(self)
-        else:
-            log("not every CR became Ready: skipping the idle, restart and change phases")
-        phases.delete(self)
-        self.finish()
+        try:
+            ok = create.phase(self)
+            if ok and not self.errors:
+                self.enter("idle")
+                phases.idle(self)
+                if self.o.restart > 0:
+                    self.enter("restart")
+                    phases.restart(self)
+                if self.o.changes > 0:
+                    self.enter("changes")
+                    phases.changes(self)
+            else:
+                log("not every CR became Ready: skipping the idle, restart and change phases")
+            self.enter("delete")
+            phases.delete(self)
+            self.finish()
+        finally:
+            if self.synced is not None:
+                self.synced.stop()
+                self.results["synced_false"] = self.synced.summary()
 
     # -- sampling --------------------------------------------------------------------------
 
@@ -135,6 +166,13 @@ class Bench:
         # moto imports a service's backend on its first request (RDS: about 1 s).
         inventory(self.cloud)
         self.create_namespaces()
+        if self.stack.awslike is not None:
+            # Counted from the first create on: the operator made no call before it.
+            self.stack.awslike.reset()
+        if self.synced is not None:
+            self.enter("create")
+            if not self.synced.start().wait_listed():
+                raise Failure(f"cannot watch the CRs: {self.synced.errors[:1]}")
 
     def create_namespaces(self) -> None:
         """The namespaces, then a dry-run create of each kind in each of them (untimed).

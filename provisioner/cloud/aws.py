@@ -19,6 +19,7 @@ import boto3
 import botocore.config
 import botocore.exceptions
 import tenacity
+from botocore.parsers import ResponseParserError
 
 from provisioner.cloud import errors
 from provisioner.cloud.base import ErrorCodes
@@ -134,6 +135,13 @@ def classify(exc: BaseException, codes: ErrorCodes = SHARED_CODES) -> errors.Clo
         )
     if isinstance(exc, botocore.exceptions.BotoCoreError):
         return errors.RetryableError(str(exc), type(exc).__name__)
+    if isinstance(exc, ResponseParserError):
+        # An answer that is no AWS response at all, e.g. an HTML "500 Internal Server Error"
+        # page from a server that failed part-way: retried like any other 5xx.
+        return errors.RetryableError(
+            "the cloud answered with something that is not an AWS response (an error page)",
+            "ResponseParserError",
+        )
     raise exc
 
 

@@ -7,8 +7,9 @@ the limits AWS documents and adapt to what the cloud says:
 - every call takes a token first, waiting for one when the bucket is empty;
 - a throttling answer halves the bucket's refill rate (never below 5 % of the documented
   rate), shrinks its size in proportion and empties it (multiplicative decrease), once per
-  round: the throttles of calls that took their token before the last decrease were answered
-  by it already, so a burst of calls throttled together halves the rate once, not once each;
+  burst of throttles: answers to calls that took their token before the last decrease were
+  paced by the old rate and say nothing new about the new one (without this, the calls in
+  flight when a limit is hit would halve the rate once each, down to the floor);
 - every call that is not throttled gives back 2 % of the documented rate (additive
   increase), up to the documented rate.
 
@@ -149,9 +150,8 @@ class Bucket:
         self.tokens = limit.burst
         self.updated = now
         self.throttled_since: float | None = None
-        # When the rate was last halved: throttles of calls that took their token before
-        # that add nothing.
-        self.decreased_at: float | None = None
+        # When the rate was last decreased.
+        self.decreased_at = float("-inf")
 
     def _refill(self, now: float) -> None:
         self.tokens = min(self.capacity, self.tokens + (now - self.updated) * self.rate)
@@ -163,24 +163,33 @@ class Bucket:
         self.tokens -= 1
         return 0.0 if self.tokens >= 0 else -self.tokens / self.rate
 
-    def throttled(self, now: float, sent: float | None = None) -> None:
-        """A throttling answer to a call sent at `sent` (default: now)."""
+    def throttled(self, now: float, reserved_at: float | None = None) -> None:
+        """A throttling answer to a call that took its token at `reserved_at` (None: now)."""
         self._refill(now)
-        sent = now if sent is None else sent
-        if self.decreased_at is None or sent >= self.decreased_at:
+        if reserved_at is None or reserved_at >= self.decreased_at:
             floor = self.limit.rate * self.settings.floor
-            self.rate = max(floor, self.rate * self.settings.decrease)
-            self._resize()
+            self._set_rate(max(floor, self.rate * self.settings.decrease))
+            self.tokens = min(self.tokens, 0.0)
             self.decreased_at = now
-        self.tokens = min(self.tokens, 0.0)
         if self.throttled_since is None:
             self.throttled_since = now
 
     def succeeded(self, now: float) -> None:
         self._refill(now)
-        self.rate = min(self.limit.rate, self.rate + self.limit.rate * self.settings.recovery)
-        self._resize()
+        self._set_rate(min(self.limit.rate, self.rate + self.limit.rate * self.settings.recovery))
         self.throttled_since = None
+
+    def _set_rate(self, rate: float) -> None:
+        """A new refill rate, its size in proportion; tokens already promised keep their times.
+
+        Negative tokens are calls already waiting, each for its moment at the old rate: the
+        debt is rescaled so that it is paid off at the same moment at the new rate. Otherwise
+        a rate raised while calls wait would let the next call go before them, alongside them.
+        """
+        if self.tokens < 0:
+            self.tokens *= rate / self.rate
+        self.rate = rate
+        self._resize()
 
     def _resize(self) -> None:
         self.capacity = max(1.0, self.limit.burst * self.rate / self.limit.rate)
@@ -283,9 +292,7 @@ class CallBudget:
         if not buckets:
             return fn(*args, **kwargs)
         while True:
-            # A call counts from when it took its token: one that waited for a token taken
-            # before a decrease belongs to the round that decrease answered already.
-            sent = self.clock()
+            reserved_at = self.clock()
             self.acquire(service, buckets)
             try:
                 result = fn(*args, **kwargs)
@@ -294,20 +301,21 @@ class CallBudget:
                     if isinstance(exc, botocore.exceptions.ClientError):
                         self._succeeded(buckets)  # the cloud answered: not a throttle
                     raise
-                if not self.throttled(service, buckets, sent):
+                if not self.throttled(service, buckets, reserved_at):
                     raise
                 continue
             self._succeeded(buckets)
             return result
 
-    def throttled(self, service: str, buckets: list[Bucket], sent: float | None = None) -> bool:
-        """Shrink the bucket the throttle is blamed on (a call sent at `sent`); whether to
-        try the call again."""
+    def throttled(
+        self, service: str, buckets: list[Bucket], reserved_at: float | None = None
+    ) -> bool:
+        """Shrink the bucket the throttle is blamed on; whether to try the call again."""
         blamed = buckets[-1]  # a group's own limit is the narrower one
         LISTENERS.throttle(service)
         with self._lock:
             now = self.clock()
-            blamed.throttled(now, sent)
+            blamed.throttled(now, reserved_at)
             return blamed.throttled_for(now) <= self.settings.max_throttled_seconds
 
     def _succeeded(self, buckets: list[Bucket]) -> None:

@@ -55,3 +55,52 @@ def test_bench_converge_smoke(tmp_path):
     assert figures["details"]["ready"]["expected"] == 9
     assert figures["details"]["changes"]["reflected"] == 3
     assert figures["details"]["restart"]["crs_ready"] == 9
+
+
+def test_bench_converge_smoke_aws_like(tmp_path):
+    """One CR of each kind through the aws-like proxy, its durations scaled down 300 times."""
+    report = tmp_path / "bench.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "converge.py"),
+            "--cloud-profile",
+            "aws-like",
+            "--time-scale",
+            "300",
+            "--n",
+            "4",
+            "--namespaces",
+            "1",
+            "--idle",
+            "1",
+            "--changes",
+            "0",
+            "--timeout",
+            "60",
+            "--json",
+            str(report),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    output = f"stdout:\n{result.stdout}\nstderr:\n{result.stderr[-4000:]}"
+    assert result.returncode == 0, output
+    for row in ("Synced=False seen", "bound set by the cloud", "time to all Ready / bound"):
+        assert row in result.stdout, output
+    assert "< 60 s" not in result.stdout  # the instant cloud's targets are not applied
+    figures = json.loads(report.read_text())
+    assert figures["cloud_resources_left"] == 0
+    assert figures["details"]["ready"]["count"] == 4
+    aws = figures["details"]["aws_like"]
+    assert aws["time_scale"] == 300
+    # Every kind's calls went through the proxy, none of the bench's own.
+    assert set(aws["calls_by_service"]) >= {"rds", "s3", "sqs", "sns"}
+    assert aws["buckets"]["rds.*CreateDBInstance"]["calls"] == 1
+    assert aws["durations_drawn"]["rds.create"]["count"] == 1
+    assert 0 < aws["bound_s"] <= aws["all_ready_s"]
+    synced = figures["details"]["synced_false"]
+    assert synced["throttling"] == 0 and synced["watch_events"] > 0

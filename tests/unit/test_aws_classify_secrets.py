@@ -152,3 +152,36 @@ def test_s3_create_tolerates_bucket_already_owned_by_you():
     s3 = FakeS3({"create_bucket": client_error("BucketAlreadyOwnedByYou", 409, "yours")})
     S3Client(FakeAws(s3)).create(bucket(), {})
     assert "put_bucket_tagging" in s3.calls
+
+
+# -- an answer botocore cannot parse -----------------------------------------------------
+
+
+HTML_500 = (
+    b"<!doctype html>\n<html lang=en>\n<title>500 Internal Server Error</title>\n"
+    b"<h1>Internal Server Error</h1>\n"
+)
+
+
+def test_an_error_page_instead_of_an_aws_answer_is_retried_inside_the_call():
+    from botocore.parsers import ResponseParserError
+
+    unparsable = ResponseParserError(
+        f"Unable to parse response, invalid XML received: {HTML_500!r}"
+    )
+    classified = classify(unparsable, ERROR_CODES)
+    assert type(classified) is errors.RetryableError
+    assert classified.code == "ResponseParserError"
+    assert "<html" not in str(classified)
+
+    answers: list[Any] = [unparsable, {"DBInstances": []}]
+
+    def describe() -> Any:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    aws = Aws(AwsSettings(region="us-east-1", max_wait=0.05), ERROR_CODES)
+    assert aws.call(describe) == {"DBInstances": []}
+    assert answers == []

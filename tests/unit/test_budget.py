@@ -138,18 +138,36 @@ def test_the_rate_never_falls_below_its_floor():
     assert bucket.capacity == pytest.approx(5)
 
 
-def test_calls_throttled_together_halve_the_rate_once():
+def test_the_calls_in_flight_when_the_limit_is_hit_halve_the_rate_once():
     t = FakeTime()
-    budget = budget_with(t, rds=Limit(burst=100, rate=10))
+    budget = budget_with(t, rds=Limit(burst=2, rate=4))
+    buckets = budget.buckets_for("rds", "us-east-1", "DescribeDBInstances")
+    # Ten calls take their tokens at the documented pace; every one is answered Throttling.
+    reserved = []
+    for _ in range(10):
+        reserved.append(t.now)
+        budget.acquire("rds", buckets)
+    for at in reserved:
+        assert budget.throttled("rds", buckets, at)
+    assert buckets[0].rate == 2  # one decrease for the whole burst, not ten (down to 0.2)
+    # A call paced by the new rate and throttled again: the new rate is too high as well.
+    t.now += 1
+    budget.throttled("rds", buckets, t.now - 0.5)
+    assert buckets[0].rate == 1
+
+
+def test_calls_already_waiting_keep_their_turn_when_the_rate_comes_back():
+    t = FakeTime()
+    budget = budget_with(t, rds=Limit(burst=1, rate=10))
     bucket = rds_bucket(budget)
-    sent = t.now
-    t.now += 0.1
-    for _ in range(7):  # seven calls sent at once, all throttled: one congestion signal
-        bucket.throttled(t.now, sent)
-    assert bucket.rate == 5
-    t.now += 0.1
-    bucket.throttled(t.now, t.now - 0.05)  # sent after the decrease: throttled still, news
-    assert bucket.rate == 2.5
+    bucket.throttled(t.now)  # 5 per second, empty
+    waits = [bucket.reserve(t.now) for _ in range(5)]
+    assert waits == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0])
+    for _ in range(25):  # successes meanwhile bring the documented 10 per second back
+        bucket.succeeded(t.now)
+    assert bucket.rate == pytest.approx(10)
+    # The next call goes after the five already promised (1.0 s), not alongside them.
+    assert bucket.reserve(t.now) == pytest.approx(1.0 + 1 / 10)
 
 
 def test_throttling_is_absorbed_until_the_bucket_was_throttled_too_long():
