@@ -171,10 +171,11 @@ class Reconciler:
 
     async def _observe(self, client: ExternalClient, resource: Resource) -> Observation:
         """Observe, leaving out what the cloud may not show yet: a field written within its
-        kind's settle time whose read still shows another value is neither written again nor
-        drift. Those fields are kept in `status.settling` until the cloud shows them."""
+        kind's settle time whose read still shows the previous value is neither written again
+        nor drift (`Observation.settling` names it). A field the cloud shows as written, or
+        shows with a third value, or whose settle time is over, is forgotten."""
         obs = await self.in_thread(client.observe, resource)
-        written = self.recent_writes.get(resource.uid)
+        written = self.recent_writes.pop(resource.uid, None)
         if not written:
             return obs
         now = time.monotonic()
@@ -183,16 +184,8 @@ class Reconciler:
             for d in obs.diffs
             if d.field in written and written[d.field][1] > now and d.desired == written[d.field][0]
         ]
-        for field_name in [f for f, (_, until) in written.items() if until <= now]:
-            del written[field_name]
-        for d in obs.diffs:
-            if d.field in written and d not in settling:
-                del written[d.field]  # the cloud shows something else: no longer settling
-        for field_name in [f for f in written if f not in {d.field for d in obs.diffs}]:
-            del written[field_name]  # the cloud shows it now
-        if not written:
-            self.recent_writes.pop(resource.uid, None)
         if settling:
+            self.recent_writes[resource.uid] = {d.field: written[d.field] for d in settling}
             obs.diffs = [d for d in obs.diffs if d not in settling]
             obs.settling = [d.field for d in settling]
         return obs
