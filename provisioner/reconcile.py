@@ -492,8 +492,9 @@ class Reconciler:
                 resource.uid, connection_secret.generate_password()
             )
             create_secrets["password"] = password
+        known: Observation | None = None
         try:
-            await self.in_thread(client.create, resource, create_secrets)
+            known = await self.in_thread(client.create, resource, create_secrets)
         except errors.ConflictError:
             # An earlier attempt may have succeeded with its answer lost on the way
             # back: "already exists" is ours if the tags say so.
@@ -502,7 +503,7 @@ class Reconciler:
                 raise
         crashpoint("after-create")
         events.append(Event("Normal", "Created", f"created {resource.kind} {name}"))
-        return await self._observe(client, resource)
+        return known if known is not None else await self._observe(client, resource)
 
     @staticmethod
     def _reported_only(resource: Resource, diff: FieldDiff, requested: Requested) -> bool:

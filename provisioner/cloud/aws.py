@@ -213,6 +213,10 @@ class Aws:
                 self._clients[key] = client
             return client
 
+    def partition(self, region: str) -> str:
+        """The ARN partition of a region ("aws", "aws-cn", "aws-us-gov")."""
+        return str(self._session.get_partition_for_region(region))
+
     def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """Call `fn`, retrying retryable errors with jittered exponential backoff.
 

@@ -75,10 +75,13 @@ class ExternalClient(Protocol):
         `provisioner.cloud.errors.CloudError` subclass for anything else.
         """
 
-    def create(self, resource: Resource, secrets: dict[str, str]) -> None:
+    def create(self, resource: Resource, secrets: dict[str, str]) -> Observation | None:
         """Create the resource with the ownership tags in the same call where the API allows.
 
         `secrets` carries generated secret values (a master password, for kinds that have one).
+        Returns the resource as it now is when the client knows it without another call (the
+        create's own answer, or exactly what it just wrote), so that nothing is read whose
+        answer is already known; None has the reconciler observe it.
         """
 
     def update(self, resource: Resource, observation: Observation, diffs: list[FieldDiff]) -> None:

@@ -96,42 +96,16 @@ class RdsClient:
             )
         except errors.NotFoundError:
             return Observation(exists=False)
-        instance = found["DBInstances"][0]
-        state = instance.get("DBInstanceStatus", "")
-        endpoint = instance.get("Endpoint") or {}
-        host, port = endpoint.get("Address", ""), str(endpoint.get("Port", ""))
-        arn = instance.get("DBInstanceArn", "")
-        return Observation(
-            exists=True,
-            owner_uid=owner_of(_tags(instance)),
-            available=state in USABLE_STATES or state.startswith("configuring-"),
-            deleting=state == "deleting",
-            state=state,
-            arn=arn,
-            diffs=_diffs(resource, instance),
-            connection={
-                "host": host,
-                "port": port,
-                "username": instance.get("MasterUsername", ""),
-                "database": instance.get("DBName") or "",
-                "engine": instance.get("Engine", ""),
-                "arn": arn,
-            },
-            status={
-                "endpoint": f"{host}:{port}" if host else "",
-                "pendingChanges": _pending(instance),
-            },
-            client_state={"instance": instance},
-        )
+        return _observation(resource, found["DBInstances"][0])
 
-    def create(self, resource: Resource, secrets: dict[str, str]) -> None:
+    def create(self, resource: Resource, secrets: dict[str, str]) -> Observation:
         spec = resource.spec
         optional = {
             "EngineVersion": spec.engine_version,
             "DBName": spec.database_name,
             "Port": spec.port,
         }
-        self.aws.call(
+        created = self.aws.call(
             self._rds(resource).create_db_instance,
             DBInstanceIdentifier=resource.external_name,
             Engine=spec.engine,
@@ -144,7 +118,12 @@ class RdsClient:
             BackupRetentionPeriod=spec.backup_retention_days,
             Tags=[{"Key": k, "Value": v} for k, v in resource.desired_tags.items()],
             **{k: v for k, v in optional.items() if v is not None},
+        )["DBInstance"]
+        # Its answer describes the new instance (`creating`), tagged as asked.
+        created.setdefault(
+            "TagList", [{"Key": k, "Value": v} for k, v in resource.desired_tags.items()]
         )
+        return _observation(resource, created)
 
     def update(self, resource: Resource, observation: Observation, diffs: list[FieldDiff]) -> None:
         instance = observation.client_state["instance"]
@@ -230,6 +209,35 @@ class RdsClient:
             MasterUserPassword=password,
             ApplyImmediately=True,
         )
+
+
+def _observation(resource: Resource, instance: dict[str, Any]) -> Observation:
+    state = instance.get("DBInstanceStatus", "")
+    endpoint = instance.get("Endpoint") or {}
+    host, port = endpoint.get("Address", ""), str(endpoint.get("Port", ""))
+    arn = instance.get("DBInstanceArn", "")
+    return Observation(
+        exists=True,
+        owner_uid=owner_of(_tags(instance)),
+        available=state in USABLE_STATES or state.startswith("configuring-"),
+        deleting=state == "deleting",
+        state=state,
+        arn=arn,
+        diffs=_diffs(resource, instance),
+        connection={
+            "host": host,
+            "port": port,
+            "username": instance.get("MasterUsername", ""),
+            "database": instance.get("DBName") or "",
+            "engine": instance.get("Engine", ""),
+            "arn": arn,
+        },
+        status={
+            "endpoint": f"{host}:{port}" if host else "",
+            "pendingChanges": _pending(instance),
+        },
+        client_state={"instance": instance},
+    )
 
 
 def _pending(instance: dict[str, Any]) -> str:

@@ -123,8 +123,17 @@ class S3Client:
             return Observation(exists=True, available=False, state="forbidden")
         tags = self._tags(s3, name)
         config = self._config(s3, name)
-        region = head.get("BucketRegion") or resource.region
-        arn = f"arn:aws:s3:::{name}"
+        return self._observation(resource, head.get("BucketRegion"), config, tags)
+
+    def _observation(
+        self,
+        resource: Resource,
+        region: str | None,
+        config: dict[str, Any],
+        tags: dict[str, str],
+    ) -> Observation:
+        name, region = resource.external_name, region or resource.region
+        arn = f"arn:{self.aws.partition(region)}:s3:::{name}"
         endpoint = self.aws.settings.endpoint_url or f"https://s3.{region}.amazonaws.com"
         return Observation(
             exists=True,
@@ -136,20 +145,22 @@ class S3Client:
             client_state={"config": config, "tags": tags},
         )
 
-    def create(self, resource: Resource, secrets: dict[str, str]) -> None:
+    def create(self, resource: Resource, secrets: dict[str, str]) -> Observation:
         s3, name, region = self._s3(resource), resource.external_name, resource.region
         where = {"LocationConstraint": region}
+        # us-east-1 takes no LocationConstraint, and answers 200 when the bucket is already
+        # ours: there, as after "already owned by you", it may be another resource's bucket.
+        maybe_existing = region == "us-east-1"
         try:
-            if region == "us-east-1":  # the one region that takes no LocationConstraint
+            if maybe_existing:
                 self.aws.call(s3.create_bucket, Bucket=name)
             else:
                 self.aws.call(s3.create_bucket, Bucket=name, CreateBucketConfiguration=where)
         except errors.CloudError as exc:
             if exc.code != "BucketAlreadyOwnedByYou":
                 raise
-        # "Already owned by you" (or us-east-1's silent 200) may be another resource's bucket.
-        tags = self._tags(s3, name)
-        if tags and owner_of(tags) != resource.uid:
+            maybe_existing = True
+        if maybe_existing and (tags := self._tags(s3, name)) and owner_of(tags) != resource.uid:
             raise errors.ConflictError(
                 f"bucket {name} already exists and is not owned by {resource.ref}",
                 "BucketAlreadyExists",
@@ -157,12 +168,14 @@ class S3Client:
         # CreateBucket takes no tags: tag right away, then configure. A new bucket has
         # neither versioning nor lifecycle rules; encryption and the public access block
         # are set whatever the spec says (AWS and the emulators default them differently).
-        # No read-back: the reconciler observes the bucket right after this.
+        # No read-back: the bucket is now exactly what was written.
         self._put_tags(s3, resource)
+        config = {}
         for field, (attr, _) in FIELDS.items():
-            desired = getattr(resource.spec, attr)
+            config[field] = desired = getattr(resource.spec, attr)
             if field not in FRESH_BUCKET or FRESH_BUCKET[field] != desired:
                 self._set(s3, resource, field, desired)
+        return self._observation(resource, region, config, dict(resource.desired_tags))
 
     def update(self, resource: Resource, observation: Observation, diffs: list[FieldDiff]) -> None:
         s3 = self._s3(resource)

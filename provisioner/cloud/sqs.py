@@ -82,9 +82,22 @@ class SqsClient:
         except errors.NotFoundError:
             return Observation(exists=False)
         attributes = attrs.get("Attributes") or {}
-        arn = attributes.get("QueueArn", "")
         wanted = subscriptions.desired(resource.spec.subscribe_to, resource.resolved)
-        subscribed = subscriptions.observe(self.aws, arn, attributes.get("Policy"), wanted)
+        subscribed = subscriptions.observe(
+            self.aws, attributes.get("QueueArn", ""), attributes.get("Policy"), wanted
+        )
+        return self._observation(resource, url, attributes, tags, subscribed)
+
+    @staticmethod
+    def _observation(
+        resource: Resource,
+        url: str,
+        attributes: dict[str, str],
+        tags: dict[str, str],
+        subscribed: dict[str, Any],
+    ) -> Observation:
+        name, arn = resource.external_name, attributes.get("QueueArn", "")
+        wanted = subscriptions.desired(resource.spec.subscribe_to, resource.resolved)
         return Observation(
             exists=True,
             owner_uid=owner_of(tags),
@@ -106,7 +119,7 @@ class SqsClient:
             },
         )
 
-    def create(self, resource: Resource, secrets: dict[str, str]) -> None:
+    def create(self, resource: Resource, secrets: dict[str, str]) -> Observation:
         spec, sqs = resource.spec, self._sqs(resource)
         attributes = {key: str(getattr(spec, attr)) for _, attr, key in ATTRIBUTES}
         if spec.fifo:
@@ -126,6 +139,14 @@ class SqsClient:
                 f"queue {resource.external_name} already exists and is not owned by {resource.ref}",
                 "QueueNameExists",
             )
+        # The queue is what was just asked for: its URL is https://<host>/<account>/<name>.
+        account = url.rstrip("/").rsplit("/", 2)[-2]
+        partition = self.aws.partition(resource.region)
+        attributes["QueueArn"] = (
+            f"arn:{partition}:sqs:{resource.region}:{account}:{resource.external_name}"
+        )
+        nothing_yet: dict[str, Any] = {"subscriptions": {}, "allowed": []}
+        return self._observation(resource, url, attributes, tags, nothing_yet)
 
     def update(self, resource: Resource, observation: Observation, diffs: list[FieldDiff]) -> None:
         sqs, raw = self._sqs(resource), observation.client_state

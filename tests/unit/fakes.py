@@ -114,6 +114,8 @@ class FakeCloud:
         self.lose_create_answer = False
         # The next N observations of an existing object miss it (a stale read).
         self.stale_observes = 0
+        # create() returns what it made, as the real clients do (None: observe again).
+        self.answers_create = False
 
     # -- seeding and inspection ----------------------------------------------------------
 
@@ -180,6 +182,10 @@ class FakeCloud:
         if obj is not None and self.stale_observes:
             self.stale_observes -= 1
             obj = None
+        return self._observation(resource, obj)
+
+    def _observation(self, resource: Resource, obj: CloudObject | None) -> Observation:
+        name = resource.external_name
         if obj is None:
             return Observation(exists=False)
         if obj.state == "deleting":
@@ -206,7 +212,7 @@ class FakeCloud:
             client_state={"name": name},
         )
 
-    def create(self, resource: Resource, secrets: dict[str, str]) -> None:
+    def create(self, resource: Resource, secrets: dict[str, str]) -> Observation | None:
         name = resource.external_name
         wanted = desired_fields(resource)
         self._record(
@@ -228,6 +234,7 @@ class FakeCloud:
         if self.lose_create_answer:
             self.lose_create_answer = False
             raise errors.RetryableError("connection reset before the answer arrived", "Timeout")
+        return self._observation(resource, self.objects[name]) if self.answers_create else None
 
     def update(self, resource: Resource, observation: Observation, diffs: list[FieldDiff]) -> None:
         name = resource.external_name
@@ -265,9 +272,10 @@ class FakePasswordCloud(FakeCloud):
         # Every password the cloud ever accepted: none may show up in a condition or Event.
         self.passwords: list[str] = []
 
-    def create(self, resource: Resource, secrets: dict[str, str]) -> None:
-        super().create(resource, secrets)
+    def create(self, resource: Resource, secrets: dict[str, str]) -> Observation | None:
+        known = super().create(resource, secrets)
         self.passwords.append(secrets["password"])
+        return known
 
     def seed(self, resource: Resource, **kwargs: Any) -> CloudObject:
         obj = super().seed(resource, **kwargs)

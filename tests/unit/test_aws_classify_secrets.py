@@ -132,6 +132,9 @@ class FakeAws:
     def client(self, service: str, region: str | None = None) -> Any:
         return self.s3
 
+    def partition(self, region: str) -> str:
+        return "aws"
+
 
 def bucket() -> Resource:
     body = {

@@ -504,6 +504,31 @@ CASES = [
         ),
     ),
     case(
+        "create-answer-trusted",
+        "A create that says what it made is not read back: one observe, one create, Ready.",
+        Expect(
+            conditions={cond.READY: READY, cond.SYNCED: SYNCED},
+            writes=["create"],
+            events=[n("Created"), n("Available")],
+            secret_writes=["create"],
+            check=lambda world: only_calls(world, ["observe", "create"]),
+        ),
+        script=cloud_knob(answers_create=True),
+    ),
+    case(
+        "create-answer-creating",
+        "A create that answers `creating` waits with backoff, without reading it back first.",
+        Expect(
+            conditions={cond.READY: (False, cond.CREATING)},
+            writes=["create"],
+            events=[n("Created"), n("Creating")],
+            requeue=True,
+            check=lambda world: only_calls(world, ["observe", "create"]),
+        ),
+        kind="DatabaseInstance",
+        script=cloud_knob(answers_create=True, create_state="creating"),
+    ),
+    case(
         "create-lost-answer",
         "A create whose answer was lost, retried on a stale read, ends with one owned resource.",
         Expect(
