@@ -75,6 +75,12 @@ class SnsClient:
             tags = _tags(self.aws.call(sns.list_tags_for_resource, ResourceArn=arn))
         except errors.NotFoundError:
             return Observation(exists=False)
+        return self._observation(resource, arn, attributes, tags)
+
+    @staticmethod
+    def _observation(
+        resource: Resource, arn: str, attributes: dict[str, str], tags: dict[str, str]
+    ) -> Observation:
         return Observation(
             exists=True,
             owner_uid=owner_of(tags),
@@ -89,7 +95,7 @@ class SnsClient:
             client_state={"tags": tags},
         )
 
-    def create(self, resource: Resource, secrets: dict[str, str]) -> None:
+    def create(self, resource: Resource, secrets: dict[str, str]) -> Observation:
         spec, sns = resource.spec, self._sns(resource)
         attributes = {"DisplayName": spec.display_name}
         if spec.fifo:
@@ -107,6 +113,7 @@ class SnsClient:
                 f"topic {resource.external_name} already exists and is not owned by {resource.ref}",
                 "TopicAlreadyExists",
             )
+        return self._observation(resource, arn, attributes, tags)
 
     def update(self, resource: Resource, observation: Observation, diffs: list[FieldDiff]) -> None:
         sns, arn = self._sns(resource), observation.arn

@@ -75,8 +75,14 @@ class SqsClient:
 
     def observe(self, resource: Resource) -> Observation:
         sqs, name = self._sqs(resource), resource.external_name
+        # The URL recorded in status saves a GetQueueUrl on every look: a queue's URL never
+        # changes, and a call on the URL of a queue that is gone answers NonExistentQueue.
+        known = str(resource.status.get("queueUrl") or "")
         try:
-            url = self.aws.call(sqs.get_queue_url, QueueName=name)["QueueUrl"]
+            if known.rstrip("/").rsplit("/", 1)[-1] == name:
+                url = known
+            else:
+                url = self.aws.call(sqs.get_queue_url, QueueName=name)["QueueUrl"]
             attrs = self.aws.call(sqs.get_queue_attributes, QueueUrl=url, AttributeNames=["All"])
             tags = self.aws.call(sqs.list_queue_tags, QueueUrl=url).get("Tags") or {}
         except errors.NotFoundError:
