@@ -11,6 +11,8 @@ provisioner_aws_budget_tokens{region,bucket}        tokens left in each AWS call
 provisioner_aws_budget_rate{region,bucket}          its refill rate now (shrinks on throttling)
 provisioner_aws_budget_wait_seconds_total{service}  time calls waited for the budget
 provisioner_aws_throttles_total{service}            throttling answers seen from the cloud
+provisioner_resync_batches_total{kind}              batched describes made for due resyncs
+provisioner_resync_batched_total{kind}              resources those batches described
 """
 
 from __future__ import annotations
@@ -68,6 +70,18 @@ BUDGET_WAIT = PromCounter(
     "provisioner_aws_budget_wait_seconds",
     "Seconds AWS calls waited for a token of the client-side call budget",
     ["service"],
+    registry=REGISTRY,
+)
+RESYNC_BATCHES = PromCounter(
+    "provisioner_resync_batches",
+    "Batched describes made for the resources whose resync came due together",
+    ["kind"],
+    registry=REGISTRY,
+)
+RESYNC_BATCHED = PromCounter(
+    "provisioner_resync_batched",
+    "Resources a batched describe observed for their resync (no call of their own)",
+    ["kind"],
     registry=REGISTRY,
 )
 THROTTLES = PromCounter(

@@ -32,7 +32,13 @@ from typing import Any, TypeVar
 from provisioner import annotation_keys, connection_secret, kinds
 from provisioner import conditions as cond
 from provisioner.cloud import errors
-from provisioner.cloud.base import ExternalClient, FieldDiff, Observation, PasswordClient
+from provisioner.cloud.base import (
+    BatchObserver,
+    ExternalClient,
+    FieldDiff,
+    Observation,
+    PasswordClient,
+)
 from provisioner.config import Settings
 from provisioner.crashpoints import crashpoint
 from provisioner.kube import Kube, KubeError
@@ -47,6 +53,8 @@ RETRY_CAP = 60.0
 CREDENTIALS_RETRY_CAP = 300.0
 WAIT_BASE = 2.0
 WAIT_CAP = 30.0
+# How long a batched describe's answer may stand in for a resync pass's own observation.
+PREFETCH_TTL = 30.0
 
 
 def backoff(retry: int, base: float = RETRY_BASE, cap: float = RETRY_CAP) -> float:
@@ -151,6 +159,12 @@ class Reconciler:
         # held, a write settling). It looks again itself, with its own backoff; a resync in
         # between would only poll the cloud once more.
         self.requeued: set[str] = set()
+        # What a batched describe said about resources whose resync is due (`prefetch`):
+        # uid -> (monotonic time the describe started, the cloud's answer for it).
+        self.prefetched: dict[str, tuple[float, Any]] = {}
+        # uid -> monotonic time of the last cloud write started for it: an answer fetched
+        # before that is stale and never stands in for an observation.
+        self.last_write: dict[str, float] = {}
 
     # -- helpers ------------------------------------------------------------------
 
@@ -163,18 +177,70 @@ class Reconciler:
         return kinds.parse(body, region=self.settings.region, cluster_id=self.settings.cluster_id)
 
     def forget(self, uid: str) -> None:
+        self.prefetched.pop(uid, None)
+        self.last_write.pop(uid, None)
         self.locks.pop(uid, None)
         self.pending_passwords.pop(uid, None)
         self.failed_resyncs.discard(uid)
         self.recent_writes.pop(uid, None)
         self.requeued.discard(uid)
 
-    async def _observe(self, client: ExternalClient, resource: Resource) -> Observation:
+    async def _write(self, resource: Resource, fn: Callable[..., T], *args: Any) -> T:
+        """A call that changes the cloud (create, update, a password, delete)."""
+        self.last_write[resource.uid] = time.monotonic()
+        return await self.in_thread(fn, *args)
+
+    async def prefetch(self, kind: str, due: list[tuple[str, str, str]]) -> int:
+        """Describe the resources of `kind` whose resync is due, (uid, region, cloud name),
+        in batches where the kind's cloud allows it, for their passes to use right after;
+        returns how many were described. A failed or partial answer costs nothing: those
+        passes observe by themselves."""
+        client = self.clients.get(kind)
+        if not isinstance(client, BatchObserver):
+            return 0
+        now = time.monotonic()
+        for uid in [u for u, (at, _) in self.prefetched.items() if now - at > PREFETCH_TTL]:
+            del self.prefetched[uid]
+        described = 0
+        regions: defaultdict[str, list[tuple[str, str]]] = defaultdict(list)
+        for uid, region, name in due:
+            regions[region].append((uid, name))
+        for region, wanted in regions.items():
+            started = time.monotonic()
+            try:
+                found = await self.in_thread(client.describe_many, region, [n for _, n in wanted])
+            except errors.CloudError as exc:
+                log.info("batched describe of %d %s failed: %s", len(wanted), kind, exc)
+                continue
+            for uid, name in wanted:
+                if name in found:
+                    self.prefetched[uid] = (started, found[name])
+                    described += 1
+        return described
+
+    def _prefetched(self, client: ExternalClient, resource: Resource) -> Observation | None:
+        """The batched describe's answer for a resync pass, if nothing was written since."""
+        fetched = self.prefetched.pop(resource.uid, None)
+        if fetched is None or not isinstance(client, BatchObserver):
+            return None
+        started, described = fetched
+        if started <= self.last_write.get(resource.uid, -1.0):
+            return None
+        if time.monotonic() - started > PREFETCH_TTL:
+            return None
+        return client.observed(resource, described)
+
+    async def _observe(
+        self, client: ExternalClient, resource: Resource, resync: bool = False
+    ) -> Observation:
         """Observe, leaving out what the cloud may not show yet: a field written within its
         kind's settle time whose read still shows the previous value is neither written again
         nor drift (`Observation.settling` names it). A field the cloud shows as written, or
-        shows with a third value, or whose settle time is over, is forgotten."""
-        obs = await self.in_thread(client.observe, resource)
+        shows with a third value, or whose settle time is over, is forgotten. A resync pass
+        uses the batched describe's answer (`prefetch`) when there is a fresh one."""
+        obs = self._prefetched(client, resource) if resync else None
+        if obs is None:
+            obs = await self.in_thread(client.observe, resource)
         written = self.recent_writes.pop(resource.uid, None)
         if not written:
             return obs
@@ -434,7 +500,7 @@ class Reconciler:
         resource = dataclasses.replace(resource, resolved=resolved)
 
         conditions: list[cond.Condition] = []
-        obs = await self._observe(client, resource)
+        obs = await self._observe(client, resource, resync)
         if obs.exists and not self._is_ours(resource, obs):
             return self._name_conflict(resource, obs)
         if not obs.exists:
@@ -494,7 +560,7 @@ class Reconciler:
             create_secrets["password"] = password
         known: Observation | None = None
         try:
-            known = await self.in_thread(client.create, resource, create_secrets)
+            known = await self._write(resource, client.create, resource, create_secrets)
         except errors.ConflictError:
             # An earlier attempt may have succeeded with its answer lost on the way
             # back: "already exists" is ours if the tags say so.
@@ -542,7 +608,7 @@ class Reconciler:
             conditions.append(cond.Condition(cond.DRIFTED, False, cond.NO_DRIFT))
         if not to_write:
             return obs
-        await self.in_thread(client.update, resource, obs, to_write)
+        await self._write(resource, client.update, resource, obs, to_write)
         self._remember_writes(resource, to_write)
         if changes:
             updated = ", ".join(d.field for d in changes)
@@ -698,7 +764,7 @@ class Reconciler:
                 # Rotation asked, or nobody knows the password any more (Secret deleted,
                 # adopted instance, crash between create and Secret): a new one, cloud first.
                 password = connection_secret.generate_password()
-                await self.in_thread(client.set_password, resource, password)
+                await self._write(resource, client.set_password, resource, password)
                 crashpoint("after-password-set")
                 what = "rotated on request" if rotate else "reset: the Secret had none"
                 events.append(Event("Normal", "PasswordChanged", f"master password {what}"))
@@ -788,7 +854,7 @@ class Reconciler:
             return done
         if obs.exists and not obs.deleting:
             try:
-                await self.in_thread(client.delete, resource, obs)
+                await self._write(resource, client.delete, resource, obs)
                 crashpoint("after-delete-call")
             except errors.DeletionBlocked as exc:
                 return Result(

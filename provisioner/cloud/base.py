@@ -8,7 +8,7 @@ a client only speaks to its cloud service.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -105,6 +105,20 @@ class PasswordClient(Protocol):
 
     def with_password(self, connection: dict[str, str], password: str) -> dict[str, str]:
         """The connection Secret's values with the password (and anything built from it)."""
+
+
+@runtime_checkable
+class BatchObserver(Protocol):
+    """The capability of kinds whose cloud describes many resources in one call (RDS: one
+    DescribeDBInstances for up to 100 identifiers). The periodic resync then observes the
+    resources that come due together with one call per batch instead of one each."""
+
+    def describe_many(self, region: str, names: Sequence[str]) -> dict[str, Any]:
+        """What the cloud says about those of `names` that exist, by name (absent: unknown,
+        the caller observes that one by itself)."""
+
+    def observed(self, resource: Resource, described: Any) -> Observation:
+        """The observation `observe` would make from `describe_many`'s answer for it."""
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +77,10 @@ USABLE_STATES = set(
 # optimization has completed on the instance, whichever is longer"
 # (https://docs.aws.amazon.com/AmazonRDS/latest/UserGuide/USER_PIOPS.StorageTypes.html).
 STORAGE_RETRY_SECONDS = 600.0
+# DescribeDBInstances' largest page ("Minimum 20, maximum 100"), and as many identifiers per
+# db-instance-id filter (https://docs.aws.amazon.com/AmazonRDS/latest/APIReference/
+# API_DescribeDBInstances.html).
+DESCRIBE_PAGE = 100
 
 
 class RdsClient:
@@ -97,6 +101,28 @@ class RdsClient:
         except errors.NotFoundError:
             return Observation(exists=False)
         return _observation(resource, found["DBInstances"][0])
+
+    def describe_many(self, region: str, names: Sequence[str]) -> dict[str, Any]:
+        """One DescribeDBInstances per 100 identifiers (its largest page), tags included."""
+        rds, found = self.aws.client("rds", region), {}
+        for start in range(0, len(names), DESCRIBE_PAGE):
+            chosen = [
+                {"Name": "db-instance-id", "Values": list(names[start : start + DESCRIBE_PAGE])}
+            ]
+            marker: dict[str, str] = {}
+            while True:
+                page = self.aws.call(
+                    rds.describe_db_instances, Filters=chosen, MaxRecords=DESCRIBE_PAGE, **marker
+                )
+                for instance in page.get("DBInstances", []):
+                    found[instance["DBInstanceIdentifier"]] = instance
+                if not page.get("Marker"):
+                    break
+                marker = {"Marker": page["Marker"]}
+        return found
+
+    def observed(self, resource: Resource, described: Any) -> Observation:
+        return _observation(resource, described)
 
     def create(self, resource: Resource, secrets: dict[str, str]) -> Observation:
         spec = resource.spec

@@ -184,3 +184,26 @@ def test_unknown_engine_is_terminal(rds, make_resource):
 def test_invalid_version_or_class_is_terminal(rds, make_resource, field):
     with pytest.raises(errors.TerminalError):
         rds.create(make_resource("DatabaseInstance", {**SPEC, **field}), SECRETS)
+
+
+def test_describe_many_answers_for_those_that_exist_one_call_per_hundred(aws, rds, make_resource):
+    mine = [make_resource("DatabaseInstance", SPEC, name=f"db{i}") for i in range(3)]
+    for res in mine:
+        rds.create(res, SECRETS)
+    missing = [f"absent-{i:03d}" for i in range(117)]
+    names = [mine[0].external_name, *missing[:60], mine[1].external_name, *missing[60:]]
+    names.append(mine[2].external_name)  # 121 names: two batches
+
+    before = CALLS.counts[("rds", "DescribeDBInstances", "ok")]
+    found = rds.describe_many("us-east-1", names)
+    assert CALLS.counts[("rds", "DescribeDBInstances", "ok")] - before == 2
+    assert set(found) == {res.external_name for res in mine}
+    for res in mine:
+        # What a batch says stands for what observe says, diffs and tags included.
+        changed = replace(res, spec=replace(res.spec, backup_retention_days=21))
+        batched = replace(rds.observed(changed, found[res.external_name]), client_state={})
+        assert batched == replace(rds.observe(changed), client_state={})
+        assert [d.field for d in rds.observed(changed, found[res.external_name]).diffs] == [
+            "spec.backupRetentionDays"
+        ]
+    assert rds.describe_many("us-east-1", []) == {}
