@@ -52,7 +52,7 @@ def test_one_batch_serves_every_due_resource_that_exists():
     due = [(r.uid, r.region, r.external_name) for r in (a, b, gone)]
     assert asyncio.run(rec.prefetch("DatabaseInstance", due)) == 2
     assert len(cloud.batches) == 1
-    assert rec._prefetched(cloud, a).state == "from-batch"  # type: ignore[union-attr]
+    assert rec._prefetched(cloud, a).state == "from-batch"
     assert rec._prefetched(cloud, a) is None  # used once
     # Not found in a batch is no proof of absence: that pass observes by itself.
     assert rec._prefetched(cloud, gone) is None
@@ -78,7 +78,7 @@ def test_an_old_answer_is_never_used():
 
 
 def test_kinds_without_batches_are_left_alone():
-    rec = Reconciler(SETTINGS, None, {"Queue": object()}, lambda *_: None)  # type: ignore[arg-type, dict-item]
+    rec = Reconciler(SETTINGS, None, {"Queue": object()}, lambda *_: None)
     assert asyncio.run(rec.prefetch("Queue", [("u", "us-east-1", "q")])) == 0
     assert rec.prefetched == {}
 
@@ -89,7 +89,7 @@ def test_resyncs_due_soon_of_a_batched_kind_are_taken_along():
     class Owner:
         clients = {"DatabaseInstance": Batching(set()), "Queue": object()}
 
-    scheduler = ResyncScheduler(Owner(), Settings(resync_seconds=300.0), None, None)  # type: ignore[arg-type]
+    scheduler = ResyncScheduler(Owner(), Settings(resync_seconds=300.0), None, None)
     assert scheduler.batch_window == 30.0
     now = time.monotonic()
     for uid, kind, due in [
