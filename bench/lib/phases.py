@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -38,12 +39,23 @@ def idle(b: Bench) -> None:
         if item["metadata"].get("resourceVersion") != versions.get(cr.key)
     )
     writes = categorize(write_delta(writes0, writes1))
+    calls = b.recording.calls(aws0, aws1)
+    kind_count = Counter(cr.kind for cr in b.crs)
+    service_kind = {k.service: k.kind for k in KINDS}
+    hours = max(o.idle, 1e-9) / 3600
     b.results["idle"] = {
         "seconds": o.idle,
         "writes_total": writes["operator_total"] + writes["other_total"] + writes["cr_client"],
         "writes": writes,
         "crs_changed": changed,
-        "aws_calls": b.recording.calls(aws0, aws1),
+        "aws_calls": calls,
+        # The steady state's cost: calls by the kind's service per CR of that kind per hour.
+        "aws_per_cr_hour": round(calls["operator_total"] / max(1, len(b.crs)) / hours, 2),
+        "aws_per_cr_hour_by_kind": {
+            service_kind[s]: round(c / kind_count[service_kind[s]] / hours, 2)
+            for s, c in calls["by_service"].items()
+            if kind_count.get(service_kind.get(s, ""))
+        },
         "leases": b.lease_holders(),
         "cpu": b.cpu_between("idle", "idle_end"),
     }

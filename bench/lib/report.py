@@ -33,6 +33,12 @@ def figures(
         else None,
         "idle_others": ", ".join(f"{k} {v}" for k, v in idle_other.items()) or "0",
         "aws_by_kind": ", ".join(f"{k} {v:.1f}" for k, v in sorted(aws_by_kind.items())),
+        "idle_aws_by_kind": ", ".join(
+            f"{k} {v:.1f}"
+            for k, v in sorted(
+                ((results.get("idle") or {}).get("aws_per_cr_hour_by_kind") or {}).items()
+            )
+        ),
         "changes_reflected": (results.get("changes") or {}).get("reflected", 0),
         **_aws_like(results),
     }
@@ -293,6 +299,10 @@ ROWS: tuple[Row, ...] = (
         equals("idle.writes.operator_total", 0),
     ),
     Row("  others (resource verb count)", template("{derived.idle_others}", needs="idle")),
+    Row(
+        "AWS calls per CR per hour while idle (steady state)",
+        template("{idle.aws_per_cr_hour:.1f} ({derived.idle_aws_by_kind})", needs="idle"),
+    ),
     Row(
         "AWS calls per CR in the first {opts.restart:.0f} s after a restart",
         template(
