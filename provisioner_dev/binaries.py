@@ -173,9 +173,85 @@ def _log(message: str) -> None:
     print(f"provisioner: {message}", file=sys.stderr, flush=True)
 
 
-def _run_go(go: str, args: list[str], cwd: Path, what: str) -> None:
+GO_ENV = {"CGO_ENABLED": "0", "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=readonly"}
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+class BuildProgress:
+    """A progress bar over the Go packages a component's build compiles, with an estimate of
+    the time left from the rate so far. On a terminal it redraws one line every second;
+    otherwise (make, CI logs) it prints a line every 15 s."""
+
+    WIDTH = 30
+
+    def __init__(self, what: str, total: int, stream: Any = None) -> None:
+        self.what = what
+        self.total = max(1, total)
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.every = 1.0 if self.tty else 15.0
+        self.started = time.monotonic()
+        self.last = self.started
+        self.done = 0
+
+    def line(self, now: float) -> str:
+        share = min(self.done / self.total, 0.99)
+        filled = int(share * self.WIDTH)
+        bar = "#" * filled + "." * (self.WIDTH - filled)
+        elapsed = now - self.started
+        text = (
+            f"{self.what}: [{bar}] {share * 100:3.0f}% "
+            f"({self.done}/{self.total} packages), {_duration(elapsed)} so far"
+        )
+        if self.done >= 20 and elapsed > 0:
+            left = (self.total - self.done) / (self.done / elapsed)
+            text += f", about {_duration(left)} left"
+        return text
+
+    def compiled(self, count: int = 1) -> None:
+        self.done += count
+        now = time.monotonic()
+        if now - self.last >= self.every:
+            self.last = now
+            self.show(now)
+
+    def show(self, now: float) -> None:
+        if self.tty:
+            print(f"\rprovisioner: {self.line(now)}\033[K", end="", file=self.stream, flush=True)
+        else:
+            print(f"provisioner: {self.line(now)}", file=self.stream, flush=True)
+
+    def finish(self) -> None:
+        if self.tty:
+            print(file=self.stream, flush=True)
+
+
+def count_packages(go: str, cwd: Path, packages: list[str]) -> int:
+    """How many packages building `packages` compiles at most (`go list -deps`); 0 if unknown."""
+    try:
+        listed = subprocess.run(
+            [go, "list", "-deps", *packages],
+            cwd=cwd,
+            env=dict(os.environ, **GO_ENV),
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return len(listed.stdout.split()) if listed.returncode == 0 else 0
+
+
+def _run_go(
+    go: str, args: list[str], cwd: Path, what: str, progress: BuildProgress | None = None
+) -> None:
     """Run a go command, printing progress while it compiles and one line if it fails."""
-    env = dict(os.environ, CGO_ENABLED="0", GOTOOLCHAIN="local", GOFLAGS="-mod=readonly")
+    env = dict(os.environ, **GO_ENV)
     started = time.monotonic()
     last_print = started
     compiled = 0
@@ -187,10 +263,13 @@ def _run_go(go: str, args: list[str], cwd: Path, what: str) -> None:
     for line in proc.stdout:
         line = line.rstrip()
         tail = ([*tail, line])[-20:]
-        if line and not line.startswith(("go: downloading", "#")) and " " not in line:
-            compiled += 1
+        package = bool(line) and not line.startswith(("go: downloading", "#")) and " " not in line
+        if package and progress is not None:
+            progress.compiled()
+            continue
+        compiled += package
         now = time.monotonic()
-        if now - last_print >= 15:
+        if progress is None and now - last_print >= 15:
             _log(f"{what}: {compiled} packages built, {now - started:.0f}s so far")
             last_print = now
     code = proc.wait()
@@ -223,6 +302,9 @@ def build(component: Component) -> dict[str, Path]:
         component.module_dir,
         f"downloading Go modules for {component.name}",
     )
+    total = count_packages(go, component.module_dir, list(component.packages.values()))
+    what = f"building {component.name} {component.version}"
+    progress = BuildProgress(what, total) if total else None
     for binary, package in component.packages.items():
         args = [
             "build",
@@ -235,7 +317,9 @@ def build(component: Component) -> dict[str, Path]:
         ]
         if component.tags:
             args[2:2] = ["-tags", component.tags]
-        _run_go(go, [*args, package], component.module_dir, f"building {binary}")
+        _run_go(go, [*args, package], component.module_dir, f"building {binary}", progress)
+    if progress is not None:
+        progress.finish()
     manifest: dict[str, Any] = {"version": component.version, "binaries": {}}
     for binary in component.packages:
         path = staging / binary
@@ -266,8 +350,66 @@ def ensure(component: Component) -> dict[str, Path]:
     return found
 
 
+# The binaries envtest ships (controller-runtime's setup-envtest): no kube-controller-manager.
+ENVTEST_REQUIRED = ("kube-apiserver", "etcd")
+CONTROLLER_MANAGER = "kube-controller-manager"
+_said: set[str] = set()
+
+
+def _once(message: str) -> None:
+    if message not in _said:
+        _said.add(message)
+        _log(message)
+
+
+def envtest_binaries() -> dict[str, Path] | None:
+    """The binaries in $KUBEBUILDER_ASSETS (envtest's kube-apiserver and etcd), if it is set.
+
+    kube-controller-manager is taken from there too if present, else from this project's
+    cache if it was built; without one the control plane runs without it (no garbage
+    collector, no namespace controller).
+    """
+    assets = os.environ.get("KUBEBUILDER_ASSETS")
+    if not assets:
+        return None
+    where = Path(assets)
+    found = {
+        name: where / name
+        for name in (*ENVTEST_REQUIRED, CONTROLLER_MANAGER)
+        if (where / name).is_file() and os.access(where / name, os.X_OK)
+    }
+    missing = [name for name in ENVTEST_REQUIRED if name not in found]
+    if missing:
+        raise BuildError(
+            f"KUBEBUILDER_ASSETS={assets} has no executable {' or '.join(missing)}: point it "
+            "at envtest's binaries (`setup-envtest use -p path`) or unset it to build them"
+        )
+    if CONTROLLER_MANAGER not in found:
+        cached = cached_binaries(components()[0]) or {}
+        if CONTROLLER_MANAGER in cached:
+            found[CONTROLLER_MANAGER] = cached[CONTROLLER_MANAGER]
+    extra = (
+        f"; {CONTROLLER_MANAGER} from {found[CONTROLLER_MANAGER].parent}"
+        if CONTROLLER_MANAGER in found
+        else f"; no {CONTROLLER_MANAGER} there, so no garbage collector or namespace controller"
+    )
+    _once(f"using kube-apiserver and etcd from KUBEBUILDER_ASSETS={assets}{extra}")
+    return found
+
+
 def ensure_binaries() -> dict[str, Path]:
-    """All control-plane binaries, building whatever is missing or corrupt (not helm)."""
+    """All control-plane binaries: envtest's when $KUBEBUILDER_ASSETS is set, else this
+    project's own, building whatever is missing or corrupt (not helm)."""
+    envtest = envtest_binaries()
+    if envtest is not None:
+        return envtest
+    missing = [c for c in components() if cached_binaries(c) is None]
+    if missing:
+        _once(
+            "the control plane is built from source once per machine (about 8 minutes on 2 "
+            "cores, then cached); to skip it, set KUBEBUILDER_ASSETS to a directory with "
+            "envtest's kube-apiserver and etcd"
+        )
     paths: dict[str, Path] = {}
     for component in components():
         paths.update(ensure(component))

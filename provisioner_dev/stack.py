@@ -183,7 +183,8 @@ class OperatorProcess(LoopbackService):
 # The processes of a dev environment, by the part they play. The control plane and moto
 # hold its data (CRs, Secrets, cloud resources): when one of them dies that data is gone and
 # `dev up` starts over. The operator holds none: `dev up` restarts it alone.
-CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager")
+CONTROLLER_MANAGER = "kube-controller-manager"
+CONTROL_PLANE = ("etcd", "kube-apiserver", CONTROLLER_MANAGER)
 MOTO = "moto"
 # The aws-like profile's proxy in front of moto: it holds the cloud's timing (what is still
 # `creating`, which names are held), so it counts like moto.
@@ -251,7 +252,9 @@ class DevStack:
         A live API server or moto that does not answer is given up to `wait` seconds.
         """
         processes = state.get("processes", {})
-        missing = [name for name in (*CONTROL_PLANE, MOTO) if name not in processes]
+        # A control plane from envtest's binaries runs without a controller-manager.
+        needed = [n for n in CONTROL_PLANE if n != CONTROLLER_MANAGER or state.get("gc", True)]
+        missing = [name for name in (*needed, MOTO) if name not in processes]
         if missing or "controlplane" not in state or "moto_url" not in state:
             return [f"{self.state_file} is incomplete ({_join(missing or ['URLs'])} missing)"]
         gone = [
@@ -354,6 +357,7 @@ class DevStack:
                 "cloud_url": endpoint,
                 "with_operator": with_operator,
                 "processes": processes,
+                "gc": CONTROLLER_MANAGER in processes,
             }
             if with_operator:
                 self._start_operator(state)

@@ -63,3 +63,26 @@ def test_same_size_other_content_means_rebuild(tmp_path, monkeypatch):
     path.write_bytes(b"binary z")  # same length, other bytes
     os.utime(path, (1, 1))  # and a moved mtime, as a copy or a partial write leaves it
     assert cached_binaries(comp) is None
+
+
+def test_build_progress_shows_a_bar_and_the_time_left(monkeypatch):
+    import io
+
+    from provisioner_dev import binaries
+
+    clock = [1000.0]
+    monkeypatch.setattr(binaries.time, "monotonic", lambda: clock[0])
+    out = io.StringIO()  # not a terminal: a line every 15 s
+    progress = binaries.BuildProgress("building k8s v1.37.2", total=2000, stream=out)
+    for _ in range(10):
+        clock[0] += 1.0
+        progress.compiled(50)
+    assert out.getvalue() == ""  # nothing before 15 s
+    clock[0] += 10.0
+    progress.compiled(500)  # 1,000 of 2,000 in 20 s: 20 s left
+    line = out.getvalue().strip()
+    assert line.startswith("provisioner: building k8s v1.37.2: [###############...............]")
+    assert "50% (1000/2000 packages), 20s so far, about 20s left" in line
+    # Never shows 100 % before the build ends, even when the estimate was short.
+    progress.done = 5000
+    assert " 99% " in progress.line(clock[0])
