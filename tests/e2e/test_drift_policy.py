@@ -106,12 +106,18 @@ def visibility_timeout(aws, url: str) -> str:
 def wait_resyncs(kube, queue: str, count: int = 2) -> None:
     """`count` more observations of the queue by the periodic resync, from now on.
 
-    Each observation starts with GetQueueUrl (the test itself never calls it), so anything a
-    pass before them decided, Events included, has been carried out when this returns.
+    Each observation reads all of the queue's attributes (`AttributeNames: ["All"]`; the test
+    itself reads one by name), so anything a pass before them decided, Events included, has
+    been carried out when this returns.
     """
     since = len(recording(kube))
+
+    def observations() -> int:
+        reads = calls(kube, queue, "GetQueueAttributes", since=since)
+        return sum('"All"' in text for text in reads)
+
     wait_for(
-        lambda: len(calls(kube, queue, "GetQueueUrl", since=since)) >= count,
+        lambda: observations() >= count,
         timeout=90,
         what=f"{count} resyncs of {queue}",
     )
