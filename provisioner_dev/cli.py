@@ -37,17 +37,25 @@ def cmd_dev_up(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     stack = _dev_stack()
     running = stack.load()
+    external = Path(args.kubeconfig).resolve() if args.kubeconfig else None
     if running and stack.running(running):
         have = running.get("cloud_profile", "instant")
         if have != args.cloud_profile:
             return _fail(
                 f"the running stack has cloud profile {have!r}: `provisioner dev down` first"
             )
+        has = Path(running["kubeconfig"]) if running.get("external_cluster") else None
+        if has != external:
+            where = f"the cluster in {has}" if has else "its own control plane"
+            return _fail(f"the running stack uses {where}: `provisioner dev down` first")
     try:
-        state = stack.up(with_operator=not args.no_operator, cloud=cloud)
+        state = stack.up(with_operator=not args.no_operator, cloud=cloud, kubeconfig=external)
     except (BuildError, StartError, RuntimeError, ProfileError) as exc:
         return _fail(str(exc))
-    print(f"control plane: {state['controlplane']['apiserver_url']}")
+    if state.get("external_cluster"):
+        print(f"cluster:       {state['external_cluster']} (yours; CRDs installed by dev up)")
+    else:
+        print(f"control plane: {state['controlplane']['apiserver_url']}")
     print(f"moto:          {state['moto_url']}")
     if state.get("cloud_profile", "instant") != "instant":
         print(f"cloud:         {state['cloud_url']} ({state['cloud_profile']} profile)")
@@ -89,7 +97,8 @@ def cmd_dev_status(args: argparse.Namespace) -> int:
             "`provisioner dev up` starts over with a new control plane and moto"
         )
     else:
-        print(f"apiserver {state['controlplane']['apiserver_url']}: ready")
+        where = state.get("external_cluster") or state["controlplane"]["apiserver_url"]
+        print(f"apiserver {where}: ready")
         print(f"moto      {state['moto_url']}: ready")
         if operator == "dead":
             print("`provisioner dev up` starts the operator again and keeps the rest")
@@ -140,6 +149,13 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "--no-operator",
         action="store_true",
         help="no operator (one that an earlier `dev up` started is stopped): run your own",
+    )
+    up.add_argument(
+        "--kubeconfig",
+        metavar="PATH",
+        help="use the cluster you have (kind, k3d, minikube, a dev EKS...) instead of starting "
+        "one: installs the CRDs there (refused if they exist), runs moto and the operator "
+        "here; `dev down` removes only what it added",
     )
     up.add_argument(
         "--cloud-profile",

@@ -144,6 +144,37 @@ def install_crds(kubeconfig: str | Path) -> None:
     kubectl(kubeconfig, "wait", "--for=condition=Established", "--timeout=60s", "-f", str(CRD_DIR))
 
 
+def crd_names() -> list[str]:
+    """The names of the CRDs in crds/ (`queues.cloud.provisioner.dev`, ...)."""
+    import yaml
+
+    names = []
+    for path in sorted(CRD_DIR.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc.get("kind") == "CustomResourceDefinition":
+                names.append(doc["metadata"]["name"])
+    return names
+
+
+def cluster_answers(kubeconfig: str | Path) -> str:
+    """ "" when the cluster in `kubeconfig` is ready, else why not (one line)."""
+    try:
+        result = run_kubectl(kubeconfig, "get", "--raw", "/readyz", timeout=15)
+    except subprocess.TimeoutExpired:
+        return "it did not answer within 15 s"
+    if result.returncode == 0:
+        return ""
+    lines = (result.stderr or result.stdout).strip().splitlines()
+    return lines[-1] if lines else f"kubectl exited with {result.returncode}"
+
+
+def cluster_server(kubeconfig: str | Path) -> str:
+    result = run_kubectl(
+        kubeconfig, "config", "view", "--minify", "-o", "jsonpath={.clusters[0].cluster.server}"
+    )
+    return result.stdout.strip() if result.returncode == 0 else "?"
+
+
 @dataclass(kw_only=True)
 class OperatorProcess(LoopbackService):
     """The operator run as a child process, the way a Deployment would run it.
@@ -252,6 +283,8 @@ class DevStack:
         A live API server or moto that does not answer is given up to `wait` seconds.
         """
         processes = state.get("processes", {})
+        if state.get("external_cluster"):
+            return self._dead_external(state, wait)
         # A control plane from envtest's binaries runs without a controller-manager.
         needed = [n for n in CONTROL_PLANE if n != CONTROLLER_MANAGER or state.get("gc", True)]
         missing = [name for name in (*needed, MOTO) if name not in processes]
@@ -277,6 +310,28 @@ class DevStack:
                 problems.append(f"{name} does not answer")
         return problems
 
+    def _dead_external(self, state: dict, wait: float) -> list[str]:
+        """An existing cluster (`dev up --kubeconfig`): it answers, and moto runs."""
+        processes = state.get("processes", {})
+        if MOTO not in processes or "moto_url" not in state:
+            return [f"{self.state_file} is incomplete (moto missing)"]
+        gone = [
+            name
+            for name, proc in processes.items()
+            if proc["part"] != OPERATOR and not self.is_alive(proc)
+        ]
+        if gone:
+            return [f"{_join(gone)} {'is' if len(gone) == 1 else 'are'} dead"]
+        problems = []
+        why = cluster_answers(state["kubeconfig"])
+        if why:
+            problems.append(f"the cluster in {state['kubeconfig']} does not answer ({why})")
+        try:
+            wait_until(lambda: _http_up(f"{state['moto_url']}/moto-api/"), timeout=wait, what=MOTO)
+        except StartError:
+            problems.append(f"{MOTO} does not answer")
+        return problems
+
     def operator(self, state: dict) -> str:
         """'running', 'dead', or 'not started' (--no-operator)."""
         proc = state["processes"].get(OPERATOR)
@@ -288,6 +343,8 @@ class DevStack:
         return not self.dead(state)
 
     def clean(self, state: dict | None) -> None:
+        if state and state.get("external_cluster"):
+            self._remove_from_cluster(state)
         if state:
             for proc in reversed(list(state.get("processes", {}).values())):
                 if self.is_alive(proc):
@@ -296,7 +353,78 @@ class DevStack:
         for name in ("state.json", "env", "kubeconfig"):
             (self.dev_dir / name).unlink(missing_ok=True)
 
-    def up(self, with_operator: bool = True, cloud: CloudProfile | None = None) -> dict:
+    def _remove_from_cluster(self, state: dict) -> None:
+        """Take out of an existing cluster exactly what `dev up --kubeconfig` put there: the
+        CRDs it installed, and with them every custom resource of theirs (the connection
+        Secrets go with their owners, by the cluster's garbage collector). The operator is
+        stopped first; our finalizer is taken off what is left, since the cloud (this dev
+        environment's moto) goes away too. Nothing else in the cluster is touched."""
+        kubeconfig = state["kubeconfig"]
+        operator = state.get("processes", {}).get(OPERATOR)
+        if operator and self.is_alive(operator):
+            stop(operator["pid"], timeout=15.0)
+        installed = state.get("installed_crds") or []
+        if not installed or cluster_answers(kubeconfig):
+            return
+        from provisioner import FINALIZER
+
+        owners: set[str] = set()
+        for crd in installed:
+            found = run_kubectl(kubeconfig, "get", crd, "-A", "-o", "json")
+            items = json.loads(found.stdout).get("items", []) if found.returncode == 0 else []
+            for item in items:
+                meta = item["metadata"]
+                owners.add(meta["uid"])
+                finalizers = meta.get("finalizers") or []
+                if FINALIZER not in finalizers:
+                    continue
+                index = finalizers.index(FINALIZER)
+                run_kubectl(
+                    kubeconfig,
+                    "patch",
+                    crd,
+                    meta["name"],
+                    "-n",
+                    meta["namespace"],
+                    "--type=json",
+                    f'-p=[{{"op":"test","path":"/metadata/finalizers/{index}",'
+                    f'"value":"{FINALIZER}"}},'
+                    f'{{"op":"remove","path":"/metadata/finalizers/{index}"}}]',
+                )
+            run_kubectl(kubeconfig, "delete", crd, "--all", "-A", "--timeout=60s")
+        # Their connection Secrets, by owner: the garbage collector cannot resolve an owner
+        # whose kind is gone, so it would keep them once the CRDs are deleted.
+        found = run_kubectl(
+            kubeconfig,
+            "get",
+            "secrets",
+            "-A",
+            "-l",
+            "app.kubernetes.io/managed-by=provisioner",
+            "-o",
+            "json",
+        )
+        secrets = json.loads(found.stdout).get("items", []) if found.returncode == 0 else []
+        for secret in secrets:
+            meta = secret["metadata"]
+            if {ref.get("uid") for ref in meta.get("ownerReferences") or []} & owners:
+                run_kubectl(
+                    kubeconfig,
+                    "delete",
+                    "secret",
+                    meta["name"],
+                    "-n",
+                    meta["namespace"],
+                    "--ignore-not-found",
+                )
+        run_kubectl(kubeconfig, "delete", "crd", *installed, "--ignore-not-found", "--timeout=120s")
+
+    def up(
+        self,
+        with_operator: bool = True,
+        cloud: CloudProfile | None = None,
+        kubeconfig: Path | None = None,
+    ) -> dict:
         """Start what is not running; keep the control plane and moto when they run.
 
         `cloud` is the aws-like profile (None: moto as it is); a running environment keeps
@@ -312,7 +440,80 @@ class DevStack:
                 "starting over (its CRs, Secrets and cloud resources are gone)"
             )
         self.clean(state)
+        if kubeconfig is not None:
+            return self._start_external(kubeconfig, with_operator, cloud)
         return self._start(with_operator, cloud)
+
+    def _start_external(
+        self, kubeconfig: Path, with_operator: bool, cloud: CloudProfile | None
+    ) -> dict:
+        """An existing cluster: its CRDs installed, moto and the operator run here."""
+        kubeconfig = kubeconfig.resolve()
+        if not kubeconfig.is_file():
+            raise RuntimeError(f"no kubeconfig at {kubeconfig}")
+        why = cluster_answers(kubeconfig)
+        if why:
+            raise RuntimeError(f"cannot reach the cluster in {kubeconfig}: {why}")
+        wanted = crd_names()
+        listed = run_kubectl(kubeconfig, "get", "crd", "-o", "name")
+        if listed.returncode != 0:
+            raise RuntimeError(f"cannot list CRDs in {kubeconfig}: {listed.stderr.strip()}")
+        present = sorted(set(wanted) & {line.split("/", 1)[-1] for line in listed.stdout.split()})
+        if present:
+            raise RuntimeError(
+                f"the cluster in {kubeconfig} already has {', '.join(present)}: another "
+                "installation may be acting on them; `dev up --kubeconfig` uses a cluster "
+                "without them, so that it never acts on custom resources it did not create"
+            )
+        self.dev_dir.mkdir(parents=True, exist_ok=True)
+        data_dir = Path(tempfile.mkdtemp(prefix="provisioner-dev-"))
+        started = time.monotonic()
+        moto = MotoServer(log=self.dev_dir / "moto.log")
+        proxy: AwsLikeProxy | None = None
+        state: dict = {}
+        try:
+            moto.start()
+            assert moto.proc is not None
+            processes = {MOTO: _record(MOTO, moto.proc.pid, moto.log)}
+            endpoint = moto.url
+            if cloud is not None:
+                proxy = AwsLikeProxy(
+                    upstream=moto.url,
+                    profile=cloud.name,
+                    args=cloud.args,
+                    log=self.dev_dir / "awslike.log",
+                )
+                proxy.start()
+                assert proxy.proc is not None
+                processes[PROXY] = _record(PROXY, proxy.proc.pid, self.dev_dir / "awslike.log")
+                endpoint = proxy.url
+            state = {
+                "version": STATE_VERSION,
+                "data_dir": str(data_dir),
+                "external_cluster": cluster_server(kubeconfig),
+                "kubeconfig": str(kubeconfig),
+                "installed_crds": wanted,
+                "moto_url": moto.url,
+                "cloud_profile": cloud.name if cloud else "instant",
+                "cloud_url": endpoint,
+                "with_operator": with_operator,
+                "processes": processes,
+            }
+            install_crds(kubeconfig)
+            if with_operator:
+                self._start_operator(state)
+        except BaseException:
+            if state:
+                self._remove_from_cluster(state)
+            if proxy is not None:
+                proxy.stop()
+            moto.stop()
+            shutil.rmtree(data_dir, ignore_errors=True)
+            raise
+        state["started_in_seconds"] = round(time.monotonic() - started, 2)
+        self.save(state)
+        self._write_env(state)
+        return state
 
     def _start(self, with_operator: bool, cloud: CloudProfile | None) -> dict:
         from provisioner_dev.launch import Stack

@@ -222,9 +222,10 @@ def test_creating_database_waits_with_backoff_while_others_go_ready(
         not_ready,
         cloud.stats()["throttles_by_action"],
     )
-    # Polled with backoff: the observe before the create and the one after it, then one per
-    # requeue that fits in the wait at the shortest delays (the last one saw it usable), plus
-    # one for margin. The resync (every 10 s here) leaves a resource being waited on alone.
+    # Polled with backoff: the observe before the create (the create's own answer says
+    # `creating`: no read-back), then one per requeue that fits in the wait at the shortest
+    # delays (the last one saw it usable), plus two for margin. The resync (every 10 s here)
+    # leaves a resource being waited on alone.
     bound = 3 + requeues_within(waited)
     print(
         f"\ndatabase Ready {waited:.1f} s after it was applied, the cloud creating it until "
