@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import random
 import time
 from collections import defaultdict
@@ -162,8 +163,9 @@ class Reconciler:
         # What a batched describe said about resources whose resync is due (`prefetch`):
         # uid -> (monotonic time the describe started, the cloud's answer for it).
         self.prefetched: dict[str, tuple[float, Any]] = {}
-        # uid -> monotonic time of the last cloud write started for it: an answer fetched
-        # before that is stale and never stands in for an observation.
+        # uid -> monotonic time the last cloud write for it returned (infinity while one
+        # runs): an answer fetched before that is stale and never stands in for an
+        # observation.
         self.last_write: dict[str, float] = {}
 
     # -- helpers ------------------------------------------------------------------
@@ -186,9 +188,14 @@ class Reconciler:
         self.requeued.discard(uid)
 
     async def _write(self, resource: Resource, fn: Callable[..., T], *args: Any) -> T:
-        """A call that changes the cloud (create, update, a password, delete)."""
-        self.last_write[resource.uid] = time.monotonic()
-        return await self.in_thread(fn, *args)
+        """A call that changes the cloud (create, update, a password, delete). While it runs,
+        and for any batched describe that started before it returned, the batch's answer
+        may predate the write: `last_write` is "now and later" until it returns."""
+        self.last_write[resource.uid] = math.inf
+        try:
+            return await self.in_thread(fn, *args)
+        finally:
+            self.last_write[resource.uid] = time.monotonic()
 
     async def prefetch(self, kind: str, due: list[tuple[str, str, str]]) -> int:
         """Describe the resources of `kind` whose resync is due, (uid, region, cloud name),

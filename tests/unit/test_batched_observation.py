@@ -106,3 +106,28 @@ def test_resyncs_due_soon_of_a_batched_kind_are_taken_along():
     assert scheduler.due["db-later"][0] == now + 40 and scheduler.due["q-soon"][0] == now + 5
     # Nothing of a batched kind due: nothing is taken early.
     assert scheduler._take_due(now) == []
+
+
+def test_an_answer_taken_while_a_write_was_on_its_way_is_never_used():
+    import threading
+
+    a = resource("a")
+    cloud = Batching({a.external_name})
+    rec = reconciler(cloud)
+    release = threading.Event()
+    results = []
+
+    def slow_update() -> None:
+        release.wait(5)
+
+    async def scenario() -> None:
+        writing = asyncio.create_task(rec._write(a, slow_update))
+        await asyncio.sleep(0.05)  # the write is on its way
+        results.append(await rec.prefetch("DatabaseInstance", [(a.uid, a.region, a.external_name)]))
+        release.set()
+        await writing
+
+    asyncio.run(scenario())
+    assert results == [1]
+    # The describe started before the write returned: it may not show it.
+    assert rec._prefetched(cloud, a) is None
