@@ -405,6 +405,7 @@ def ensure_binaries() -> dict[str, Path]:
         return envtest
     missing = [c for c in components() if cached_binaries(c) is None]
     if missing:
+        go_binary()  # no Go toolchain: that one line, and nothing about a build
         _once(
             "the control plane is built from source once per machine (about 8 minutes on 2 "
             "cores, then cached); to skip it, set KUBEBUILDER_ASSETS to a directory with "
