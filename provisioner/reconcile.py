@@ -211,7 +211,8 @@ class Reconciler:
         described = 0
         regions: defaultdict[str, list[tuple[str, str]]] = defaultdict(list)
         for uid, region, name in due:
-            regions[region].append((uid, name))
+            if uid not in self.requeued:  # its change handler looks by itself; no resync
+                regions[region].append((uid, name))
         for region, wanted in regions.items():
             started = time.monotonic()
             try:

@@ -131,3 +131,16 @@ def test_an_answer_taken_while_a_write_was_on_its_way_is_never_used():
     assert results == [1]
     # The describe started before the write returned: it may not show it.
     assert rec._prefetched(cloud, a) is None
+
+
+def test_resources_their_change_handler_waits_on_are_not_described():
+    a, b = resource("a"), resource("b")
+    cloud = Batching({a.external_name, b.external_name})
+    rec = reconciler(cloud)
+    rec.requeued.add(a.uid)  # `creating`: its own backoff polls it, the resync skips it
+    due = [(r.uid, r.region, r.external_name) for r in (a, b)]
+    assert asyncio.run(rec.prefetch("DatabaseInstance", due)) == 1
+    assert cloud.batches == [[b.external_name]]
+    rec.requeued.add(b.uid)
+    assert asyncio.run(rec.prefetch("DatabaseInstance", due)) == 0
+    assert len(cloud.batches) == 1  # nobody left to describe: no call at all
