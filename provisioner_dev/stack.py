@@ -290,13 +290,8 @@ class DevStack:
         missing = [name for name in (*needed, MOTO) if name not in processes]
         if missing or "controlplane" not in state or "moto_url" not in state:
             return [f"{self.state_file} is incomplete ({_join(missing or ['URLs'])} missing)"]
-        gone = [
-            name
-            for name, proc in processes.items()
-            if proc["part"] != OPERATOR and not self.is_alive(proc)
-        ]
-        if gone:
-            return [f"{_join(gone)} {'is' if len(gone) == 1 else 'are'} dead"]
+        if gone := self._dead_holders(processes):
+            return gone
         cp = ControlPlaneState(**state["controlplane"])
         probes = {
             "kube-apiserver": lambda: healthy(cp),
@@ -310,18 +305,22 @@ class DevStack:
                 problems.append(f"{name} does not answer")
         return problems
 
-    def _dead_external(self, state: dict, wait: float) -> list[str]:
-        """An existing cluster (`dev up --kubeconfig`): it answers, and moto runs."""
-        processes = state.get("processes", {})
-        if MOTO not in processes or "moto_url" not in state:
-            return [f"{self.state_file} is incomplete (moto missing)"]
+    def _dead_holders(self, processes: dict) -> list[str]:
+        """The processes that hold data (all but the operator) that are dead, in one line."""
         gone = [
             name
             for name, proc in processes.items()
             if proc["part"] != OPERATOR and not self.is_alive(proc)
         ]
-        if gone:
-            return [f"{_join(gone)} {'is' if len(gone) == 1 else 'are'} dead"]
+        return [f"{_join(gone)} {'is' if len(gone) == 1 else 'are'} dead"] if gone else []
+
+    def _dead_external(self, state: dict, wait: float) -> list[str]:
+        """An existing cluster (`dev up --kubeconfig`): it answers, and moto runs."""
+        processes = state.get("processes", {})
+        if MOTO not in processes or "moto_url" not in state:
+            return [f"{self.state_file} is incomplete (moto missing)"]
+        if gone := self._dead_holders(processes):
+            return gone
         problems = []
         why = cluster_answers(state["kubeconfig"])
         if why:
@@ -475,18 +474,7 @@ class DevStack:
             moto.start()
             assert moto.proc is not None
             processes = {MOTO: _record(MOTO, moto.proc.pid, moto.log)}
-            endpoint = moto.url
-            if cloud is not None:
-                proxy = AwsLikeProxy(
-                    upstream=moto.url,
-                    profile=cloud.name,
-                    args=cloud.args,
-                    log=self.dev_dir / "awslike.log",
-                )
-                proxy.start()
-                assert proxy.proc is not None
-                processes[PROXY] = _record(PROXY, proxy.proc.pid, self.dev_dir / "awslike.log")
-                endpoint = proxy.url
+            proxy, endpoint = self._start_proxy(moto.url, cloud, processes)
             state = {
                 "version": STATE_VERSION,
                 "data_dir": str(data_dir),
@@ -515,6 +503,20 @@ class DevStack:
         self._write_env(state)
         return state
 
+    def _start_proxy(
+        self, moto_url: str, cloud: CloudProfile | None, processes: dict
+    ) -> tuple[AwsLikeProxy | None, str]:
+        """The aws-like profile's proxy in front of moto (recorded in `processes`), and the
+        endpoint the operator and `.dev/env` use: the proxy's, or moto's without a profile."""
+        if cloud is None:
+            return None, moto_url
+        log = self.dev_dir / "awslike.log"
+        proxy = AwsLikeProxy(upstream=moto_url, profile=cloud.name, args=cloud.args, log=log)
+        proxy.start()
+        assert proxy.proc is not None
+        processes[PROXY] = _record(PROXY, proxy.proc.pid, log)
+        return proxy, proxy.url
+
     def _start(self, with_operator: bool, cloud: CloudProfile | None) -> dict:
         from provisioner_dev.launch import Stack
 
@@ -536,18 +538,7 @@ class DevStack:
             }
             assert stack.cloud.proc is not None
             processes[MOTO] = _record(MOTO, stack.cloud.proc.pid, stack.cloud.log)
-            endpoint = stack.cloud.url
-            if cloud is not None:  # the aws-like profile: a proxy in front of moto
-                proxy = AwsLikeProxy(
-                    upstream=stack.cloud.url,
-                    profile=cloud.name,
-                    args=cloud.args,
-                    log=self.dev_dir / "awslike.log",
-                )
-                proxy.start()
-                assert proxy.proc is not None
-                processes[PROXY] = _record(PROXY, proxy.proc.pid, self.dev_dir / "awslike.log")
-                endpoint = proxy.url
+            proxy, endpoint = self._start_proxy(stack.cloud.url, cloud, processes)
             state = {
                 "version": STATE_VERSION,
                 "data_dir": str(data_dir),
