@@ -15,6 +15,9 @@ ADOPT = f"{GROUP}/adopt"
 # Any new value: set a new database master password, then update the Secret.
 ROTATE_PASSWORD_AT = f"{GROUP}/rotate-password-at"
 
+# On a Namespace: the CloudAccount its resources use when they name none.
+DEFAULT_ACCOUNT = f"{GROUP}/default-account"
+
 
 def is_true(value: str | None) -> bool:
     return (value or "").strip().lower() in ("true", "yes", "1")

@@ -48,7 +48,12 @@ def _aws_settings(settings: config.Settings) -> AwsSettings:
     budget = BudgetSettings.from_spec(
         settings.aws_budget, settings.aws_budget_max_throttled_seconds
     )
-    return AwsSettings(region=settings.region, endpoint_url=settings.endpoint_url, budget=budget)
+    return AwsSettings(
+        region=settings.region,
+        endpoint_url=settings.endpoint_url,
+        budget=budget,
+        session_name=f"provisioner-{settings.cluster_id}"[:64],
+    )
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -58,7 +63,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from provisioner.cloud.budget import BudgetSpecError
     from provisioner.kinds import make_aws, make_clients
     from provisioner.kube import Kube
-    from provisioner.operator import event_poster, register
+    from provisioner.operator import account_directory, event_poster, register
     from provisioner.reconcile import Reconciler
 
     settings = config.from_args(args)
@@ -77,13 +82,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     aws = make_aws(aws_settings)
     kube = Kube(pool_size=settings.workers + 4)
     events = ThreadPoolExecutor(max_workers=2, thread_name_prefix="events")
-    reconciler = Reconciler(settings, kube, make_clients(aws), event_poster(kube, events))
+    reconciler = Reconciler(
+        settings,
+        kube,
+        make_clients(aws),
+        event_poster(kube, events),
+        directory=account_directory(kube) if settings.accounts else None,
+        own_account=aws.account_id,
+    )
     if settings.metrics_port:
         from provisioner import metrics
 
         metrics.serve(settings.metrics_port)
     registry = kopf.OperatorRegistry()
-    register(registry, reconciler, settings)
+    register(registry, reconciler, settings, aws)
     logging.getLogger("provisioner").info(
         "starting: region=%s endpoint=%s cluster-id=%s namespaces=%s resync=%ss",
         settings.region,

@@ -22,6 +22,12 @@ RECONCILE_ERROR = "ReconcileError"
 INVALID_SPEC = "InvalidSpec"
 NAME_CONFLICT = "NameConflict"
 PAUSED = "Paused"
+# Synced reasons of the account a resource lives in (no cloud call in any account)
+ACCOUNT_NOT_FOUND = "AccountNotFound"
+ACCOUNT_NOT_ALLOWED = "AccountNotAllowed"
+REGION_NOT_ALLOWED = "RegionNotAllowed"
+ACCOUNT_UNAVAILABLE = "AccountUnavailable"
+ACCOUNT_REASONS = (ACCOUNT_NOT_FOUND, ACCOUNT_NOT_ALLOWED, REGION_NOT_ALLOWED, ACCOUNT_UNAVAILABLE)
 # Drifted reasons
 DRIFT_REPORTED = "DriftReported"
 DRIFT_CORRECTED = "DriftCorrected"

@@ -31,6 +31,17 @@ class Settings:
     # (provisioner/cloud/budget.py), and how long throttling is absorbed before a call fails.
     aws_budget: str = ""
     aws_budget_max_throttled_seconds: float = 60.0
+    # CloudAccounts: served (read, and resources placed in them) unless off; their status
+    # and finalizer kept by this replica when `manage_accounts` (default: when cluster-wide,
+    # so that of several namespaced operators none fights over a cluster-scoped object).
+    accounts: bool = True
+    manage_accounts: bool | None = None
+
+    @property
+    def manages_accounts(self) -> bool:
+        if not self.accounts:
+            return False
+        return not self.namespaces if self.manage_accounts is None else self.manage_accounts
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -57,7 +68,15 @@ class Settings:
             aws_budget_max_throttled_seconds=float(
                 _env("PROVISIONER_AWS_BUDGET_MAX_THROTTLED_SECONDS", "60")
             ),
+            accounts=_env("PROVISIONER_ACCOUNTS", "on").lower() not in ("off", "false", "0"),
+            manage_accounts=_switch(_env("PROVISIONER_MANAGE_ACCOUNTS")),
         )
+
+
+def _switch(value: str) -> bool | None:
+    if not value:
+        return None
+    return value.lower() in ("on", "true", "1", "yes")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -100,6 +119,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         help="how long throttling is absorbed before a call fails (default 60)",
     )
+    parser.add_argument(
+        "--accounts",
+        choices=["on", "off"],
+        help="serve CloudAccounts (default on; needs read access to cloudaccounts and namespaces)",
+    )
+    parser.add_argument(
+        "--manage-accounts",
+        choices=["on", "off"],
+        help="keep CloudAccounts' status and finalizer (default: on when cluster-wide)",
+    )
 
 
 def from_args(args: argparse.Namespace) -> Settings:
@@ -121,6 +150,8 @@ def from_args(args: argparse.Namespace) -> Settings:
             "workers": args.workers,
             "aws_budget": args.aws_budget,
             "aws_budget_max_throttled_seconds": args.aws_budget_max_throttled_seconds,
+            "accounts": None if args.accounts is None else args.accounts == "on",
+            "manage_accounts": _switch(args.manage_accounts or ""),
         }.items()
         if value is not None
     }

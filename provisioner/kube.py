@@ -108,21 +108,23 @@ class Kube:
     def post_event(
         self, body: dict[str, Any], type_: str, reason: str, message: str, component: str
     ) -> None:
-        """A core/v1 Event on the object, as `kubectl describe` shows it."""
+        """A core/v1 Event on the object, as `kubectl describe` shows it (for a
+        cluster-scoped object, in the namespace `default`, as kubectl's own are)."""
         meta = body["metadata"]
+        namespace = meta.get("namespace") or "default"
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         event = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {
                 "name": f"{meta['name']}.{secrets.token_hex(8)}",
-                "namespace": meta["namespace"],
+                "namespace": namespace,
             },
             "involvedObject": {
                 "apiVersion": body.get("apiVersion", API_VERSION),
                 "kind": body["kind"],
                 "name": meta["name"],
-                "namespace": meta["namespace"],
+                "namespace": meta.get("namespace", ""),
                 "uid": meta["uid"],
             },
             "type": type_,
@@ -136,7 +138,7 @@ class Kube:
             "eventTime": None,
             "count": 1,
         }
-        self.request("POST", f"/api/v1/namespaces/{meta['namespace']}/events", event)
+        self.request("POST", f"/api/v1/namespaces/{namespace}/events", event)
 
     # Custom resources -----------------------------------------------------------
 

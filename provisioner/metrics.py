@@ -61,8 +61,8 @@ TIME_TO_DELETE = Histogram(
 )
 AWS_CALLS = PromCounter(
     "provisioner_aws_calls",
-    "AWS API calls by service, operation and outcome",
-    ["service", "operation", "outcome"],
+    "AWS API calls by service, operation, outcome and account (empty: the operator's own)",
+    ["service", "operation", "outcome", "account"],
     registry=REGISTRY,
 )
 
@@ -84,6 +84,12 @@ RESYNC_BATCHED = PromCounter(
     ["kind"],
     registry=REGISTRY,
 )
+ASSUME_ROLE = PromCounter(
+    "provisioner_assume_role",
+    "AssumeRole calls into CloudAccounts, by CloudAccount and outcome (ok, error)",
+    ["cloudaccount", "outcome"],
+    registry=REGISTRY,
+)
 THROTTLES = PromCounter(
     "provisioner_aws_throttles",
     "Throttling answers from the cloud, by service",
@@ -99,17 +105,18 @@ class BudgetCollector:
         tokens = GaugeMetricFamily(
             "provisioner_aws_budget_tokens",
             "Tokens left in an AWS call budget bucket (negative: calls queued for tokens)",
-            labels=["region", "bucket"],
+            labels=["account", "region", "bucket"],
         )
         rate = GaugeMetricFamily(
             "provisioner_aws_budget_rate",
             "Refill rate of an AWS call budget bucket, tokens per second",
-            labels=["region", "bucket"],
+            labels=["account", "region", "bucket"],
         )
         for live in list(budget.ACTIVE):
             for row in live.snapshot():
-                tokens.add_metric([row["region"], row["bucket"]], row["tokens"])
-                rate.add_metric([row["region"], row["bucket"]], row["rate"])
+                labels = [row["account"], row["region"], row["bucket"]]
+                tokens.add_metric(labels, row["tokens"])
+                rate.add_metric(labels, row["rate"])
         yield tokens
         yield rate
 
@@ -151,7 +158,9 @@ REGISTRY.register(BudgetCollector())
 budget.LISTENERS.on_wait.append(lambda service, seconds: BUDGET_WAIT.labels(service).inc(seconds))
 budget.LISTENERS.on_throttle.append(lambda service: THROTTLES.labels(service).inc())
 CALLS.listeners.append(
-    lambda service, operation, outcome: AWS_CALLS.labels(service, operation, outcome).inc()
+    lambda service, operation, outcome, account: AWS_CALLS.labels(
+        service, operation, outcome, account
+    ).inc()
 )
 
 

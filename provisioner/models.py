@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from provisioner import annotation_keys
 
 if TYPE_CHECKING:
+    from provisioner.cloud.assume import AccountRef
     from provisioner.cloud.base import KindDescriptor
 
 OWNER_UID_TAG = "provisioner.dev/owner-uid"
@@ -62,6 +63,12 @@ class Resource:
     dependencies: tuple[Dependency, ...] = ()
     # ARNs of the dependencies, by Dependency.key, once the reconciler found them Ready.
     resolved: dict[str, str] = field(default_factory=dict)
+    # spec.account and spec.region as written ("" when unset): where the user asked for it.
+    spec_account: str = ""
+    spec_region: str = ""
+    # The CloudAccount it acts in, once placed (provisioner/accounts.py); None: the
+    # operator's own credentials.
+    account: AccountRef | None = None
 
     @classmethod
     def from_body(
@@ -95,6 +102,8 @@ class Resource:
             external_name=explicit or descriptor.derive_name(namespace, name, uid, spec),
             explicit_name=bool(explicit),
             dependencies=tuple(descriptor.dependencies(spec)),
+            spec_account=str(raw_spec.get("account") or ""),
+            spec_region=str(raw_spec.get("region") or ""),
         )
 
     @property

@@ -4,6 +4,9 @@
                              a resume of a resource at rest only schedules its resync
 - delete                   -> Reconciler.finalize (kopf holds our finalizer until it returns)
 - one resync loop          -> Reconciler.resync of each resource every `resync_seconds`
+- CloudAccounts, Namespaces -> watched into the account directory; a change rechecks the
+                             resources it affects. With `manages_accounts`, also: Ready from
+                             an AssumeRole, and a finalizer held while resources use one.
 
 kopf keeps its bookkeeping (handler progress, last-handled spec) in `status.kopf`,
 so a pass that finishes writes a single status patch and no annotations.
@@ -16,15 +19,17 @@ import logging
 import random
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor, Future
 from typing import Any
 
 import aiohttp
 import kopf
 
-from provisioner import API_VERSION, FINALIZER, GROUP, VERSION, metrics
+from provisioner import API_VERSION, FINALIZER, GROUP, VERSION, accounts, metrics
 from provisioner import conditions as cond
+from provisioner.cloud import errors
+from provisioner.cloud.aws import Aws
 from provisioner.config import Settings
 from provisioner.kinds import KINDS
 from provisioner.kube import Kube
@@ -103,6 +108,37 @@ def configure_kopf(
         kopf_settings.peering.standalone = True
 
 
+def account_directory(kube: Kube) -> accounts.Directory:
+    return accounts.Directory(
+        lambda name: kube.request("GET", f"/apis/{API_VERSION}/{accounts.PLURAL}/{name}"),
+        lambda name: kube.request("GET", f"/api/v1/namespaces/{name}"),
+    )
+
+
+def account_users(kube: Kube, name: str) -> list[str]:
+    """The resources that live in the CloudAccount `name`, or name it and wait to be
+    created there: "namespace/Kind/name", sorted."""
+    users = []
+    for item in custom_resources(kube):
+        status, spec = item.get("status") or {}, item.get("spec") or {}
+        lives = status.get("account") == name
+        waits = "account" not in status and spec.get("account") == name
+        if lives or waits:
+            meta = item["metadata"]
+            users.append(f"{meta['namespace']}/{item['kind']}/{meta['name']}")
+    return sorted(users)
+
+
+def custom_resources(kube: Kube) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    for kind in KINDS:
+        listing = kube.request("GET", f"/apis/{API_VERSION}/{kind.plural}") or {}
+        for item in listing.get("items", []):
+            item.setdefault("kind", kind.kind)
+            items.append(item)
+    return items
+
+
 async def wait_for_api(reconciler: Reconciler) -> None:
     """Block start-up until the API server serves every kind of ours.
 
@@ -117,7 +153,10 @@ async def wait_for_api(reconciler: Reconciler) -> None:
                 reconciler.kube.request, "GET", f"/apis/{API_VERSION}"
             )
             served = {r.get("name") for r in (found or {}).get("resources", [])}
-            missing = {k.plural for k in KINDS} - served
+            wanted = {k.plural for k in KINDS}
+            if reconciler.directory is not None:
+                wanted.add(accounts.PLURAL)
+            missing = wanted - served
             if not missing:
                 return
             log.warning("waiting for the CRDs of %s to be served", ", ".join(sorted(missing)))
@@ -214,7 +253,12 @@ def _report(
     return reconciler.status_patch(resource, result)
 
 
-def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: Settings) -> None:
+def register(
+    registry: kopf.OperatorRegistry,
+    reconciler: Reconciler,
+    settings: Settings,
+    aws: Aws | None = None,
+) -> None:
     # Peers of equal priority all pause (kopf), so each replica draws its own once.
     priority = None
     if settings.peering:
@@ -289,6 +333,8 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
             )
 
     scheduler = ResyncScheduler(reconciler, settings, on_resync, priority)
+    if reconciler.directory is not None:
+        _register_accounts(registry, reconciler, settings, scheduler, aws)
 
     kopf.on.startup(registry=registry)(startup)
     kopf.on.cleanup(registry=registry)(cleanup)
@@ -300,3 +346,115 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
         kopf.on.create(GROUP, VERSION, plural, id="reconcile", **kw)(on_change)
         kopf.on.update(GROUP, VERSION, plural, id="reconcile", **kw)(on_change)
         kopf.on.delete(GROUP, VERSION, plural, id="finalize", **kw)(on_delete)
+
+
+def _register_accounts(
+    registry: kopf.OperatorRegistry,
+    reconciler: Reconciler,
+    settings: Settings,
+    scheduler: ResyncScheduler,
+    aws: Aws | None,
+) -> None:
+    directory = reconciler.directory
+    assert directory is not None
+    kube = reconciler.kube
+
+    async def on_account_event(type: str | None, body: Any, **_: Any) -> None:
+        name = str(body["metadata"]["name"])
+        if type == "DELETED":
+            directory.account_gone(name)
+            changed = True
+        else:
+            raw = plain(body)
+            before, now = directory.account_seen(raw)
+            changed = before != now
+            if before is not None and before.ref != now.ref and aws is not None:
+                aws.sessions.forget(name)  # its role changed: assume the new one
+            if changed and manage is not None and not now.deleting:
+                await manage(raw)
+        if changed:
+            affected = reconciler.affected(account=name)
+            if affected:
+                log.info("CloudAccount %s changed: rechecking %d resources", name, len(affected))
+                scheduler.recheck(affected)
+
+    async def on_namespace_event(type: str | None, body: Any, **_: Any) -> None:
+        name = str(body["metadata"]["name"])
+        if type == "DELETED":
+            directory.namespace_gone(name)
+            return
+        before, now = directory.namespace_seen(plain(body))
+        if before is not None and before != now:
+            affected = reconciler.affected(namespace=name)
+            if affected:
+                log.info("namespace %s changed: rechecking %d resources", name, len(affected))
+                scheduler.recheck(affected)
+
+    # Set below when this replica keeps CloudAccounts' status: a changed one is checked at
+    # once (kopf's change handlers would not run again for a spec edited back to the last
+    # one they handled).
+    manage: Callable[[dict[str, Any]], Awaitable[None]] | None = None
+    kopf.on.event(GROUP, VERSION, accounts.PLURAL, registry=registry)(on_account_event)
+    kopf.on.event("", "v1", "namespaces", registry=registry)(on_namespace_event)
+    if not settings.manages_accounts or aws is None:
+        return
+    sessions = aws.sessions
+
+    async def check_now(raw: dict[str, Any]) -> None:
+        try:
+            if update := await assess(raw):
+                await reconciler.in_thread(
+                    kube.request,
+                    "PATCH",
+                    f"/apis/{API_VERSION}/{accounts.PLURAL}/{raw['metadata']['name']}/status",
+                    {"status": update},
+                    content_type="application/merge-patch+json",
+                )
+        except Exception as exc:  # noqa: BLE001 - the 30-second check tries again
+            log.warning("checking CloudAccount %s failed: %s", raw["metadata"]["name"], exc)
+
+    manage = check_now
+
+    async def assess(raw: dict[str, Any]) -> dict[str, Any]:
+        """The status patch saying whether AssumeRole works ({} when nothing changed)."""
+        account = accounts.CloudAccount.from_body(raw)
+        try:
+            session = await reconciler.in_thread(sessions.session, account.ref)
+        except errors.AccountUnavailableError as exc:
+            ready = cond.Condition(cond.READY, False, cond.ACCOUNT_UNAVAILABLE, str(exc))
+            fields: dict[str, Any] = {}
+        else:
+            ready = cond.Condition(
+                cond.READY, True, "RoleAssumed", f"assumed {session.assumed_arn}"
+            )
+            fields = {"assumedArn": session.assumed_arn}
+        return cond.status_patch(raw.get("status") or {}, [ready], account.generation, fields)
+
+    async def check_account(body: Any, patch: kopf.Patch, **_: Any) -> None:
+        """Ready when AssumeRole works, with the identity it gave; looked at again every 30 s
+        (a session is cached: that costs an AssumeRole only when a failure is retried)."""
+        raw = plain(body)
+        if (raw.get("metadata") or {}).get("deletionTimestamp"):
+            return
+        if update := await assess(raw):
+            patch.setdefault("status", {}).update(update)
+
+    async def release_account(body: Any, retry: int, **_: Any) -> None:
+        """Deleting a CloudAccount waits until no resource lives in it or waits for it."""
+        raw = plain(body)
+        name = str(raw["metadata"]["name"])
+        users = await reconciler.in_thread(account_users, kube, name)
+        if users:
+            more = f" and {len(users) - 10} more" if len(users) > 10 else ""
+            shown = ", ".join(users[:10]) + more
+            message = f"deletion waits: {len(users)} resources use CloudAccount {name}: {shown}"
+            reconciler.post_event(raw | {"kind": accounts.KIND}, Event("Warning", "InUse", message))
+            raise kopf.TemporaryError(message, delay=min(30.0, 5.0 * (retry + 1)))
+        sessions.forget(name)
+
+    for handler in (kopf.on.resume, kopf.on.create, kopf.on.update):
+        handler(GROUP, VERSION, accounts.PLURAL, id="check", registry=registry)(check_account)
+    kopf.on.delete(GROUP, VERSION, accounts.PLURAL, id="release", registry=registry)(
+        release_account
+    )
+    kopf.timer(GROUP, VERSION, accounts.PLURAL, interval=30, registry=registry)(check_account)

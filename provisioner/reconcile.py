@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import math
 import random
@@ -32,6 +33,7 @@ from typing import Any, TypeVar
 
 from provisioner import annotation_keys, connection_secret, kinds
 from provisioner import conditions as cond
+from provisioner.accounts import AccountRefused, Directory
 from provisioner.cloud import errors
 from provisioner.cloud.base import (
     BatchObserver,
@@ -64,6 +66,10 @@ def backoff(retry: int, base: float = RETRY_BASE, cap: float = RETRY_CAP) -> flo
     return round(delay * random.uniform(0.8, 1.2), 2)
 
 
+def _where(account: str) -> str:
+    return f"CloudAccount {account}" if account else "the operator's own account"
+
+
 def _at(delay: float) -> str:
     """The wall-clock time `delay` seconds from now, as people read it in a message."""
     return (datetime.now(UTC) + timedelta(seconds=delay)).strftime("%H:%M:%S UTC")
@@ -87,6 +93,17 @@ class Requested:
 
 NOTHING_REQUESTED = Requested()
 EVERYTHING_REQUESTED = Requested(everything=True)
+
+
+def last_handled_spec(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The spec kopf last handled successfully (its diff base in status.kopf), None if none."""
+    stored = ((body.get("status") or {}).get("kopf") or {}).get("lastHandledConfiguration")
+    if not stored:
+        return None
+    try:
+        return dict(json.loads(stored).get("spec") or {})
+    except (ValueError, AttributeError):
+        return None
 
 
 def requested_fields(
@@ -136,8 +153,14 @@ class Reconciler:
         kube: Kube,
         clients: dict[str, ExternalClient],
         post_event: Callable[[dict[str, Any], Event], None],
+        directory: Directory | None = None,
+        own_account: Callable[[], str] | None = None,
     ) -> None:
         self.settings = settings
+        # CloudAccounts and namespaces (None: this operator serves no CloudAccounts).
+        self.directory = directory
+        # The operator's own account id, for status.accountId (asked of STS once).
+        self.own_account = own_account
         self.kube = kube
         self.clients = clients
         self.post_event = post_event
@@ -167,6 +190,11 @@ class Reconciler:
         # runs): an answer fetched before that is stale and never stands in for an
         # observation.
         self.last_write: dict[str, float] = {}
+        # uid -> (namespace, CloudAccount name: where its last pass placed it or the one it
+        # was refused; "" for the operator's own): who to look at again when a CloudAccount
+        # or a namespace changes. `refused`: those whose last pass was refused for it.
+        self.account_of: dict[str, tuple[str, str]] = {}
+        self.refused: set[str] = set()
 
     # -- helpers ------------------------------------------------------------------
 
@@ -186,6 +214,70 @@ class Reconciler:
         self.failed_resyncs.discard(uid)
         self.recent_writes.pop(uid, None)
         self.requeued.discard(uid)
+        self.account_of.pop(uid, None)
+        self.refused.discard(uid)
+
+    def affected(self, *, account: str | None = None, namespace: str | None = None) -> list[str]:
+        """The resources to look at again after a change of the CloudAccount `account` (those
+        placed in it or refused it), or of `namespace` (those in it that use or were refused
+        a CloudAccount)."""
+        return [
+            uid
+            for uid, (ns, name) in self.account_of.items()
+            if (account is not None and name == account)
+            or (namespace is not None and ns == namespace and (name or uid in self.refused))
+        ]
+
+    async def _place(self, resource: Resource, deleting: bool = False) -> Resource:
+        """The resource with the account and region it acts in; AccountRefused when it may
+        not act there (before any cloud call)."""
+        directory = self.directory
+        attempted = resource.spec_account or str(resource.status.get("account") or "")
+        if directory is None:
+            if resource.spec_account:
+                self.account_of[resource.uid] = (resource.namespace, resource.spec_account)
+                raise AccountRefused(
+                    cond.ACCOUNT_NOT_FOUND,
+                    f"CloudAccount {resource.spec_account}: this operator serves no "
+                    "CloudAccounts (started with --accounts=off)",
+                )
+            return resource
+        try:
+            placement = await self.in_thread(
+                directory.place,
+                resource.namespace,
+                resource.spec_account,
+                resource.spec_region,
+                resource.status,
+                self.settings.region,
+                deleting,
+            )
+        except AccountRefused:
+            if not attempted:
+                attempted = directory.namespace(resource.namespace).default_account
+            self.account_of[resource.uid] = (resource.namespace, attempted)
+            raise
+        account = placement.account
+        self.account_of[resource.uid] = (resource.namespace, account.name if account else "")
+        return dataclasses.replace(
+            resource, region=placement.region, account=account.ref if account else None
+        )
+
+    def _account_id(self, resource: Resource) -> str:
+        if resource.account is not None:
+            return resource.account.account_id
+        return self.own_account() if self.own_account else ""
+
+    def _placement_fields(self, resource: Resource) -> dict[str, Any]:
+        """status.account ("" for the operator's own), accountId and region (nothing when
+        this operator serves no CloudAccounts: the status then reads as before them)."""
+        if self.directory is None:
+            return {}
+        return {
+            "account": resource.account.name if resource.account else "",
+            "accountId": self._account_id(resource),
+            "region": resource.region,
+        }
 
     async def _write(self, resource: Resource, fn: Callable[..., T], *args: Any) -> T:
         """A call that changes the cloud (create, update, a password, delete). While it runs,
@@ -197,8 +289,9 @@ class Reconciler:
         finally:
             self.last_write[resource.uid] = time.monotonic()
 
-    async def prefetch(self, kind: str, due: list[tuple[str, str, str]]) -> int:
-        """Describe the resources of `kind` whose resync is due, (uid, region, cloud name),
+    async def prefetch(self, kind: str, due: list[tuple[str, str, str, Any]]) -> int:
+        """Describe the resources of `kind` whose resync is due, (uid, region, cloud name,
+        account),
         in batches where the kind's cloud allows it, for their passes to use right after;
         returns how many were described. A failed or partial answer costs nothing: those
         passes observe by themselves."""
@@ -209,14 +302,16 @@ class Reconciler:
         for uid in [u for u, (at, _) in self.prefetched.items() if now - at > PREFETCH_TTL]:
             del self.prefetched[uid]
         described = 0
-        regions: defaultdict[str, list[tuple[str, str]]] = defaultdict(list)
-        for uid, region, name in due:
+        regions: defaultdict[tuple[str, Any], list[tuple[str, str]]] = defaultdict(list)
+        for uid, region, name, account in due:
             if uid not in self.requeued:  # its change handler looks by itself; no resync
-                regions[region].append((uid, name))
-        for region, wanted in regions.items():
+                regions[(region, account)].append((uid, name))
+        for (region, account), wanted in regions.items():
             started = time.monotonic()
             try:
-                found = await self.in_thread(client.describe_many, region, [n for _, n in wanted])
+                found = await self.in_thread(
+                    client.describe_many, region, [n for _, n in wanted], account
+                )
             except errors.CloudError as exc:
                 log.info("batched describe of %d %s failed: %s", len(wanted), kind, exc)
                 continue
@@ -393,10 +488,12 @@ class Reconciler:
                 return Result(for_generation=False), resource
             events: list[Event] = []
             try:
+                resource = await self._place(resource)
                 result = await self._sync(resource, retry, requested, events)
             except Exception as exc:  # noqa: BLE001 - every failure becomes a condition
                 result = self._failure(resource, exc, retry)
                 result.events[:0] = events  # what the pass did before it failed still happened
+            self._note_refusal(resource, result)
             if asked_to_reconcile:
                 result.fields["lastReconcileRequest"] = resource.annotation(
                     annotation_keys.RECONCILE_REQUESTED_AT
@@ -404,6 +501,44 @@ class Reconciler:
             if result.requeue_after is not None:
                 self.requeued.add(resource.uid)
             return result, resource
+
+    def _note_refusal(self, resource: Resource, result: Result) -> None:
+        synced = next((c for c in result.conditions if c.type == cond.SYNCED), None)
+        if synced is not None and not synced.status and synced.reason in cond.ACCOUNT_REASONS:
+            self.refused.add(resource.uid)
+        else:
+            self.refused.discard(resource.uid)
+
+    async def recheck_current(
+        self,
+        uid: str,
+        load: Callable[[], Awaitable[Mapping[str, Any] | None]],
+        report: Callable[[Mapping[str, Any], tuple[Result, Resource], float], Awaitable[None]],
+    ) -> float | None:
+        """A full pass now, after a change of its CloudAccount or namespace: whatever state
+        the resource is in (refused, waiting on its change handler's backoff, at rest).
+        Returns the delay after which it wants another pass (None: done)."""
+        async with self.passes_in_flight, self.locks[uid]:
+            started = time.monotonic()
+            body = await load()
+            if body is None or body.get("metadata", {}).get("uid") != uid:
+                return None
+            if body["metadata"].get("deletionTimestamp"):
+                return None
+            resource = self.resource(body)
+            if resource.paused:
+                return None
+            requested = requested_fields(last_handled_spec(body), body.get("spec") or {})
+            events: list[Event] = []
+            try:
+                resource = await self._place(resource)
+                result = await self._sync(resource, 0, requested, events)
+            except Exception as exc:  # noqa: BLE001
+                result = self._failure(resource, exc, 0)
+                result.events[:0] = events
+            self._note_refusal(resource, result)
+            await report(body, (result, resource), started)
+            return result.requeue_after
 
     async def resync(self, body: Mapping[str, Any]) -> tuple[Result, Resource] | None:
         """The periodic re-check: drift, vanished resources, edited or deleted Secrets."""
@@ -443,10 +578,12 @@ class Reconciler:
             return None  # its change handler looks again by itself, with its backoff
         events: list[Event] = []
         try:
+            resource = await self._place(resource)
             result = await self._sync(resource, 0, NOTHING_REQUESTED, events, resync=True)
         except Exception as exc:  # noqa: BLE001
             result = self._failure(resource, exc, 0)
             result.events[:0] = events
+        self._note_refusal(resource, result)
         result.requeue_after = None
         synced = next((c for c in result.conditions if c.type == cond.SYNCED), None)
         if synced and not synced.status and synced.reason == cond.RECONCILE_ERROR:
@@ -520,7 +657,12 @@ class Reconciler:
         elif obs.available and cond.is_true(resource.status, cond.DRIFTED):
             conditions.append(cond.Condition(cond.DRIFTED, False, cond.NO_DRIFT))
 
-        fields = {"externalName": resource.external_name, "arn": obs.arn, **obs.status}
+        fields = {
+            "externalName": resource.external_name,
+            "arn": obs.arn,
+            **(await self.in_thread(self._placement_fields, resource)),
+            **obs.status,
+        }
         if obs.deleting or not obs.available:
             return self._not_available(resource, obs, retry, fields, conditions, events)
         pending = [d for d in obs.diffs if not self._reported_only(resource, d, requested)]
@@ -534,9 +676,18 @@ class Reconciler:
         """The ARNs of the resources this one needs, or the Result that says it waits."""
         resolved: dict[str, str] = {}
         for dependency in resource.dependencies:
-            arn = await self._ready_arn(resource.namespace, dependency)
-            if arn is None:
+            found = await self._ready_arn(resource.namespace, dependency)
+            if found is None:
                 return resolved, self._waiting_for(dependency, retry)
+            arn, account = found
+            mine = resource.account.name if resource.account else ""
+            if account != mine:
+                raise AccountRefused(
+                    cond.INVALID_SPEC,
+                    f"{dependency.role} {dependency.name} lives in "
+                    f"{_where(account)}, this resource in {_where(mine)}: "
+                    "both must be in one account",
+                )
             resolved[dependency.key] = arn
         return resolved, None
 
@@ -545,18 +696,21 @@ class Reconciler:
     ) -> Observation:
         """Create the cloud resource (safe to repeat after a crash) and observe it again."""
         name = resource.external_name
-        if not client.tags_on_create and resource.status.get("externalName") != name:
-            # Recorded before the call: the proof that an untagged resource of this
-            # name is our own interrupted create (S3 tags only after CreateBucket).
+        unnamed = not client.tags_on_create and resource.status.get("externalName") != name
+        unplaced = self.directory is not None and "account" not in resource.status
+        if unnamed or unplaced:
+            # Recorded before the call. The account and region: a resource never moves, even
+            # if its namespace's default account changes after a crash right after the
+            # create. The name: the proof that an untagged resource of this name is our own
+            # interrupted create (S3 tags only after CreateBucket).
+            before = await self.in_thread(self._placement_fields, resource) if unplaced else {}
+            if unnamed:
+                before["externalName"] = name
             await self.in_thread(
-                self.kube.patch_status,
-                resource.kind,
-                resource.namespace,
-                resource.name,
-                {"externalName": name},
+                self.kube.patch_status, resource.kind, resource.namespace, resource.name, before
             )
-            resource.status["externalName"] = name
-        elif resync:
+            resource.status.update(before)
+        if resync and not unnamed:
             events.append(
                 Event("Warning", "Vanished", f"{name} disappeared from the cloud; recreating it")
             )
@@ -801,8 +955,9 @@ class Reconciler:
         self.pending_passwords.pop(resource.uid, None)
         return fields
 
-    async def _ready_arn(self, namespace: str, dependency: Dependency) -> str | None:
-        """The dependency's ARN once it is Ready; None while it is not (or is going away)."""
+    async def _ready_arn(self, namespace: str, dependency: Dependency) -> tuple[str, str] | None:
+        """The dependency's ARN and CloudAccount name ("" for the operator's own) once it is
+        Ready; None while it is not (or is going away)."""
         target = await self.in_thread(
             self.kube.get_resource, dependency.kind, namespace, dependency.name
         )
@@ -811,7 +966,7 @@ class Reconciler:
         status = target.get("status") or {}
         if not cond.is_true(status, cond.READY) or not status.get("arn"):
             return None
-        return str(status["arn"])
+        return str(status["arn"]), str(status.get("account") or "")
 
     def _name_conflict(self, resource: Resource, obs: Observation) -> Result:
         owner = f"owned by {obs.owner_uid}" if obs.owner_uid else "not created by this operator"
@@ -847,6 +1002,14 @@ class Reconciler:
             done.events.append(
                 Event("Normal", "Retained", f"{name} retained by deletionPolicy Retain")
             )
+            return done
+        try:
+            resource = await self._place(resource, deleting=True)
+        except AccountRefused:
+            if "account" in resource.status or resource.status.get("externalName"):
+                raise
+            # Never placed, so nothing was ever created: nothing to delete anywhere.
+            await self._delete_secret(resource)
             return done
         client = self.clients[resource.kind]
         obs = await self.in_thread(client.observe, resource)
@@ -900,10 +1063,39 @@ class Reconciler:
                 existing["metadata"]["uid"],
             )
 
+    @staticmethod
+    def _account_failure(
+        resource: Resource,
+        exc: AccountRefused | errors.AccountUnavailableError,
+        retry: int,
+        deleting: bool,
+    ) -> Result:
+        """Refused before any cloud call, or AssumeRole failed. Looked at again when its
+        CloudAccount or namespace changes; meanwhile retried with a slow backoff."""
+        if isinstance(exc, AccountRefused):
+            reason, message = exc.reason, exc.message
+        else:
+            reason, message = cond.ACCOUNT_UNAVAILABLE, str(exc)
+        conditions = [cond.Condition(cond.SYNCED, False, reason, message)]
+        if deleting:
+            conditions.insert(0, cond.Condition(cond.READY, False, cond.DELETING, message))
+        elif not cond.find(resource.status.get("conditions"), cond.READY):
+            conditions.insert(0, cond.Condition(cond.READY, False, reason, message))
+        if reason == cond.INVALID_SPEC and not deleting:
+            return Result(conditions=conditions)  # a new generation is the only way out
+        cap = RETRY_CAP if reason == cond.ACCOUNT_UNAVAILABLE else CREDENTIALS_RETRY_CAP
+        return Result(
+            conditions=conditions,
+            requeue_after=backoff(retry, cap=cap),
+            for_generation=not deleting,
+        )
+
     def _failure(
         self, resource: Resource, exc: Exception, retry: int, deleting: bool = False
     ) -> Result:
         """Map a failure to conditions and a requeue; the message never holds a secret value."""
+        if isinstance(exc, AccountRefused | errors.AccountUnavailableError):
+            return self._account_failure(resource, exc, retry, deleting)
         if isinstance(exc, errors.TerminalError):
             message = (
                 str(exc)

@@ -11,6 +11,10 @@ generation handled, nothing requested) is not observed then: it is handed to thi
 a due time spread over one period (`track_resumed`), so a restart with 1,000 unchanged
 resources costs no burst of cloud calls. With the resync off, every resume is a full pass.
 
+A change of a CloudAccount or a namespace's labels asks for a recheck of the resources it
+affects (`recheck`): a full pass as soon as the loop's next tick, whatever state they are in,
+repeated while the pass asks to come back (a database being created).
+
 Under peering, a replica that is paused in favour of a higher-priority peer must not act:
 kopf pauses its own handlers, and this loop checks the same peering object kopf uses.
 """
@@ -48,8 +52,10 @@ class ResyncScheduler:
         # Events, metrics and the status patch of one resync pass (run inside its lock).
         self.report = report
         self.peering_priority = peering_priority
-        # uid -> (monotonic due time, kind, namespace, name, region, cloud name).
-        self.due: dict[str, tuple[float, str, str, str, str, str]] = {}
+        # uid -> (monotonic due time, kind, namespace, name, region, cloud name, account).
+        self.due: dict[str, tuple[float, str, str, str, str, str, Any]] = {}
+        # uid -> monotonic time of a recheck asked for (`recheck`).
+        self.rechecks: dict[str, float] = {}
         self._peering_cache: dict[str, tuple[float, bool]] = {}
         self._task: asyncio.Task[None] | None = None
 
@@ -57,16 +63,18 @@ class ResyncScheduler:
         return time.monotonic() + self.settings.resync_seconds * random.uniform(0.9, 1.1)
 
     def track(self, resource: Resource, due: float | None = None) -> None:
-        """Re-check `resource` from now on: at the monotonic time `due`, or one period on."""
-        if resource.uid not in self.due:
-            self.due[resource.uid] = (
-                self._next() if due is None else due,
-                resource.kind,
-                resource.namespace,
-                resource.name,
-                resource.region,
-                resource.external_name,
-            )
+        """Re-check `resource` from now on: at the monotonic time `due`, or one period on.
+        Tracked already: its due time stays, where it lives is updated."""
+        known = self.due.get(resource.uid)
+        self.due[resource.uid] = (
+            known[0] if known is not None else self._next() if due is None else due,
+            resource.kind,
+            resource.namespace,
+            resource.name,
+            resource.region,
+            resource.external_name,
+            resource.account,
+        )
 
     @property
     def calm_resume(self) -> bool:
@@ -93,9 +101,17 @@ class ResyncScheduler:
 
     def untrack(self, uid: str) -> None:
         self.due.pop(uid, None)
+        self.rechecks.pop(uid, None)
+
+    def recheck(self, uids: list[str], delay: float = 0.0) -> None:
+        """A full pass of each of `uids` (tracked ones) at the next tick after `delay`."""
+        at = time.monotonic() + delay
+        for uid in uids:
+            if uid in self.due:
+                self.rechecks[uid] = min(at, self.rechecks.get(uid, at))
 
     def start(self) -> None:
-        if self.settings.resync_seconds > 0 and self._task is None:
+        if self._task is None:  # rechecks run even with the periodic resync off
             self._task = asyncio.get_running_loop().create_task(self._loop(), name="resync")
 
     async def stop(self) -> None:
@@ -115,7 +131,7 @@ class ResyncScheduler:
         next 30 s instead of the one or two due in the same second."""
         return min(30.0, self.settings.resync_seconds / 10)
 
-    def _take_due(self, now: float) -> list[tuple[str, tuple[float, str, str, str, str, str]]]:
+    def _take_due(self, now: float) -> list[tuple[str, tuple[float, str, str, str, str, str, Any]]]:
         ready = [(uid, entry) for uid, entry in self.due.items() if entry[0] <= now]
         batched = {
             kind
@@ -130,19 +146,22 @@ class ResyncScheduler:
                 if now < entry[0] <= soon and entry[1] in batched
             ]
         for uid, (_, *rest) in ready:
-            self.due[uid] = (self._next(), *rest)  # type: ignore[assignment]
+            self.due[uid] = (self._next(), *rest)
         return ready
 
     async def _loop(self) -> None:
         tick = max(0.2, min(1.0, self.settings.resync_seconds / 10))
         while True:
             await asyncio.sleep(tick)
+            await self._rechecks(time.monotonic())
+            if self.settings.resync_seconds <= 0:
+                continue
             ready = self._take_due(time.monotonic())
             if not ready:
                 continue
-            kinds: dict[str, list[tuple[str, str, str]]] = {}
-            for uid, (_, kind, _ns, _name, region, cloud_name) in ready:
-                kinds.setdefault(kind, []).append((uid, region, cloud_name))
+            kinds: dict[str, list[tuple[str, str, str, Any]]] = {}
+            for uid, (_, kind, _ns, _name, region, cloud_name, account) in ready:
+                kinds.setdefault(kind, []).append((uid, region, cloud_name, account))
             for kind, due in kinds.items():
                 try:
                     if described := await self.reconciler.prefetch(kind, due):
@@ -155,7 +174,20 @@ class ResyncScheduler:
                 return_exceptions=True,
             )
 
-    async def _one(self, uid: str, kind: str, namespace: str, name: str) -> None:
+    async def _rechecks(self, now: float) -> None:
+        due = [uid for uid, at in self.rechecks.items() if at <= now]
+        for uid in due:
+            del self.rechecks[uid]
+        entries = [(uid, self.due[uid]) for uid in due if uid in self.due]
+        if entries:
+            await asyncio.gather(
+                *(self._one(uid, e[1], e[2], e[3], recheck=True) for uid, e in entries),
+                return_exceptions=True,
+            )
+
+    async def _one(
+        self, uid: str, kind: str, namespace: str, name: str, recheck: bool = False
+    ) -> None:
         try:
             if await self._paused(namespace):
                 return
@@ -170,6 +202,11 @@ class ResyncScheduler:
                 body.setdefault("kind", kind)
                 return body
 
+            if recheck:
+                again = await self.reconciler.recheck_current(uid, load, self.report)
+                if again is not None:
+                    self.recheck([uid], again)
+                return
             await self.reconciler.resync_current(uid, load, self.report)
         except Exception:  # the next period tries again
             log.exception("resync of %s %s/%s failed", kind, namespace, name)

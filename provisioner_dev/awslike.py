@@ -14,6 +14,9 @@ pointed here (the operator, unmodified, or boto3 in a test) see instead what AWS
 - S3: a deleted bucket's name refused with OperationAborted (409) for a while.
 - Throttling: token buckets per account, region, service and action, answered with AWS's own
   code and status for each service.
+- STS: AssumeRole refused (AccessDenied, 403) unless the role exists in IAM of its account and,
+  when its trust policy asks for an sts:ExternalId, the call gives that one (moto lets anyone
+  assume any role, existing or not).
 
 What moto stores is never changed: the proxy only delays and reshapes what a client sees. The
 durations and rates live in provisioner_dev/profiles/aws-like.yaml (each with its source);
@@ -423,6 +426,12 @@ class S3Model:
 # The HTTP side.
 
 
+def _as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return value if isinstance(value, list) else [value]
+
+
 def _request_id() -> str:
     return uuid.uuid4().hex
 
@@ -590,6 +599,58 @@ def make_app(state: AwsLike) -> web.Application:
         if answer.status != 200:
             return None
         return _xml(answer.body).find(f".//{_q('DBInstance')}")
+
+    async def assume_role_refusal(body: bytes, access_key: str) -> str | None:
+        """Why AWS would refuse this AssumeRole (the role missing from its account's IAM, or
+        another ExternalId than its trust policy asks for); None when it would not."""
+        params = dict(urllib.parse.parse_qsl(body.decode()))
+        role_arn = params.get("RoleArn", "")
+        match = re.match(r"^arn:aws[\w-]*:iam::(\d{12}):role/(?:.*/)?([^/]+)$", role_arn)
+        caller = f"arn:aws:iam::{state.accounts.get(access_key, '123456789012')}:user/operator"
+        denied = (
+            f"User: {caller} is not authorized to perform: sts:AssumeRole on resource: {role_arn}"
+        )
+        if match is None:
+            return denied
+        account, name = match.groups()
+        query = urllib.parse.urlencode(
+            {"Action": "GetRole", "Version": "2010-05-08", "RoleName": name}
+        ).encode()
+        auth = (
+            "AWS4-HMAC-SHA256 Credential=AKIAIOSFODNN7EXAMPLE/20200101/us-east-1/iam/"
+            "aws4_request, SignedHeaders=host, Signature=0"
+        )
+        answer = await send(
+            "POST",
+            "/",
+            {
+                "Authorization": auth,
+                "Content-Type": "application/x-www-form-urlencoded",
+                "x-moto-account-id": account,
+            },
+            query,
+        )
+        if answer.status != 200:
+            return denied
+        found = re.search(
+            rb"<AssumeRolePolicyDocument>([^<]*)</AssumeRolePolicyDocument>", answer.body
+        )
+        if found is None:
+            return None
+        try:
+            policy = json.loads(urllib.parse.unquote(found.group(1).decode()))
+        except ValueError:
+            return None
+        wanted = {
+            str(value)
+            for statement in policy.get("Statement", [])
+            for value in _as_list(
+                statement.get("Condition", {}).get("StringEquals", {}).get("sts:ExternalId")
+            )
+        }
+        if wanted and params.get("ExternalId") not in wanted:
+            return denied
+        return None
 
     def xml_answer(answer: Upstream, root: ET.Element) -> web.Response:
         body = ET.tostring(root, encoding="unicode")
@@ -808,6 +869,10 @@ def make_app(state: AwsLike) -> web.Application:
             return await handle_sqs(request, body, account, region, operation)
         if service == "s3":
             return await handle_s3(request, body)
+        if service == "sts" and operation == "AssumeRole":
+            refused = await assume_role_refusal(body, access_key)
+            if refused is not None:
+                return refuse("sts", "AssumeRole", "query", 403, "AccessDenied", refused)
         answer = await send(
             request.method, request.rel_url.raw_path_qs, forwarded_headers(request), body
         )

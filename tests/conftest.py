@@ -154,10 +154,18 @@ GLOB_RULES = [
 
 
 def shipped_cluster_role_rules() -> list[dict]:
-    for doc in yaml.safe_load_all(SHIPPED_MANIFESTS.read_text()):
-        if doc and doc.get("kind") == "ClusterRole":
-            return doc["rules"]
-    raise AssertionError(f"no ClusterRole in {SHIPPED_MANIFESTS}")
+    """The rules of every ClusterRole the shipped manifest binds to the operator."""
+    docs = [d for d in yaml.safe_load_all(SHIPPED_MANIFESTS.read_text()) if d]
+    bound = {d["roleRef"]["name"] for d in docs if d["kind"] == "ClusterRoleBinding"}
+    rules = [
+        r
+        for d in docs
+        if d["kind"] == "ClusterRole" and d["metadata"]["name"] in bound
+        for r in d["rules"]
+    ]
+    if not rules:
+        raise AssertionError(f"no bound ClusterRole in {SHIPPED_MANIFESTS}")
+    return rules
 
 
 @pytest.fixture(scope="session")

@@ -1,13 +1,16 @@
 """boto3 clients, retries with jittered backoff, and error classification.
 
-Clients are made once per (service, region) and shared across threads (boto3
-clients are thread-safe; sessions are not, hence the lock). botocore's own retry
+Clients are made once per (service, region, account) and shared across threads (boto3
+clients are thread-safe; sessions are not, hence the lock). A resource that lives in a
+CloudAccount gets clients signed with that account's assumed-role session
+(provisioner/cloud/assume.py); the others, the operator's own credentials. botocore's own retry
 loop is off: tenacity retries retryable errors inside one call, and the reconciler
 requeues with a growing delay after that.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 from collections import Counter
@@ -22,6 +25,7 @@ import tenacity
 from botocore.parsers import ResponseParserError
 
 from provisioner.cloud import errors
+from provisioner.cloud.assume import AccountRef, AssumedSessions
 from provisioner.cloud.base import ErrorCodes
 from provisioner.cloud.budget import BudgetSettings, CallBudget
 
@@ -156,21 +160,24 @@ class AwsSettings:
     read_timeout: float = 30.0
     # The client-side call budget (provisioner/cloud/budget.py).
     budget: BudgetSettings = field(default_factory=BudgetSettings)
+    # RoleSessionName of the operator's assumed-role sessions (CloudTrail shows it).
+    session_name: str = "provisioner"
 
 
 class CallCounter:
-    """Counts AWS calls by (service, operation, outcome); thread-safe."""
+    """Counts AWS calls by (service, operation, outcome); thread-safe. Listeners also get
+    the account a call acted in ("" for the operator's own)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.counts: Counter[tuple[str, str, str]] = Counter()
-        self.listeners: list[Callable[[str, str, str], None]] = []
+        self.listeners: list[Callable[[str, str, str, str], None]] = []
 
-    def record(self, service: str, operation: str, outcome: str) -> None:
+    def record(self, service: str, operation: str, outcome: str, account: str = "") -> None:
         with self._lock:
             self.counts[(service, operation, outcome)] += 1
         for listener in self.listeners:
-            listener(service, operation, outcome)
+            listener(service, operation, outcome, account)
 
     def total(self) -> int:
         with self._lock:
@@ -188,30 +195,79 @@ class Aws:
         self.codes = codes
         self._session = boto3.session.Session()
         self._lock = threading.Lock()
-        self._clients: dict[tuple[str, str], Any] = {}
+        # (service, region, account name, access key of its session) -> client.
+        self._clients: dict[tuple[str, str, str, str], Any] = {}
         self.budget = CallBudget(settings.budget)
+        self.sessions = AssumedSessions(
+            lambda: self.client("sts"), settings.session_name, self.call
+        )
+        self._own_account: str | None = None
 
-    def client(self, service: str, region: str | None = None) -> Any:
+    def _config(self, region: str) -> botocore.config.Config:
+        return botocore.config.Config(
+            region_name=region,
+            retries={"total_max_attempts": 1, "mode": "standard"},
+            connect_timeout=self.settings.connect_timeout,
+            read_timeout=self.settings.read_timeout,
+            max_pool_connections=32,
+            s3={"addressing_style": "path"},
+        )
+
+    def client(
+        self, service: str, region: str | None = None, account: AccountRef | None = None
+    ) -> Any:
+        """The shared client of `service` in `region`, acting in `account` (None: with the
+        operator's own credentials). Raises AccountUnavailableError when the account's role
+        cannot be assumed."""
         region = region or self.settings.region
-        key = (service, region)
+        session = self.sessions.session(account) if account is not None else None
+        key = (
+            service,
+            region,
+            account.name if account else "",
+            session.access_key if session else "",
+        )
         with self._lock:
             client = self._clients.get(key)
-            if client is None:
-                config = botocore.config.Config(
-                    region_name=region,
-                    retries={"total_max_attempts": 1, "mode": "standard"},
-                    connect_timeout=self.settings.connect_timeout,
-                    read_timeout=self.settings.read_timeout,
-                    max_pool_connections=32,
-                    s3={"addressing_style": "path"},
-                )
-                client = self._session.client(
-                    service, endpoint_url=self.settings.endpoint_url, config=config
-                )
-                client.meta.events.register("after-call", _count_call)
-                client.meta.events.register("after-call-error", _count_call_error)
-                self._clients[key] = client
+            if client is not None:
+                return client
+            credentials: dict[str, str] = {}
+            if session is not None:
+                credentials = {
+                    "aws_access_key_id": session.access_key,
+                    "aws_secret_access_key": session.secret_key,
+                    "aws_session_token": session.token,
+                }
+                # The clients of the account's previous session go: they would sign with
+                # credentials about to expire.
+                for old in [k for k in self._clients if k[:3] == key[:3]]:
+                    del self._clients[old]
+            client = self._session.client(
+                service,
+                endpoint_url=self.settings.endpoint_url,
+                config=self._config(region),
+                **credentials,
+            )
+            account_id = account.account_id if account else ""
+            client._provisioner_account = account_id  # the call budget's key
+            client.meta.events.register(
+                "after-call", functools.partial(_count_call, account=account_id)
+            )
+            client.meta.events.register(
+                "after-call-error", functools.partial(_count_call_error, account=account_id)
+            )
+            self._clients[key] = client
             return client
+
+    def account_id(self, account: AccountRef | None = None) -> str:
+        """The account a client acts in: the CloudAccount's, or the operator's own (asked
+        of STS once per process)."""
+        if account is not None:
+            return account.account_id
+        if self._own_account is None:
+            sts = self.client("sts")
+            self._own_account = str(self.call(sts.get_caller_identity)["Account"])
+        return self._own_account
 
     def partition(self, region: str) -> str:
         """The ARN partition of a region ("aws", "aws-cn", "aws-us-gov")."""
@@ -239,12 +295,12 @@ class Aws:
         raise AssertionError("unreachable")
 
 
-def _count_call(http_response: Any, parsed: Any, model: Any, **_: Any) -> None:
+def _count_call(http_response: Any, parsed: Any, model: Any, account: str = "", **_: Any) -> None:
     status = int(getattr(http_response, "status_code", 0) or 0)
     outcome = "ok" if status < 400 else f"http_{status}"
-    CALLS.record(model.service_model.service_name, model.name, outcome)
+    CALLS.record(model.service_model.service_name, model.name, outcome, account)
 
 
-def _count_call_error(event_name: str = "", **_: Any) -> None:
+def _count_call_error(event_name: str = "", account: str = "", **_: Any) -> None:
     _event, service, operation = ([*event_name.split(".", 2), "", ""])[:3]
-    CALLS.record(service, operation, "connection_error")
+    CALLS.record(service, operation, "connection_error", account)

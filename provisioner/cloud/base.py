@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from provisioner.models import CLUSTER_TAG, OWNER_UID_TAG, Dependency, Resource
 
 if TYPE_CHECKING:
+    from provisioner.cloud.assume import AccountRef
     from provisioner.cloud.aws import Aws
 
 
@@ -113,9 +114,11 @@ class BatchObserver(Protocol):
     DescribeDBInstances for up to 100 identifiers). The periodic resync then observes the
     resources that come due together with one call per batch instead of one each."""
 
-    def describe_many(self, region: str, names: Sequence[str]) -> dict[str, Any]:
-        """What the cloud says about those of `names` that exist, by name (absent: unknown,
-        the caller observes that one by itself)."""
+    def describe_many(
+        self, region: str, names: Sequence[str], account: AccountRef | None = None
+    ) -> dict[str, Any]:
+        """What the cloud says about those of `names` that exist in `account` (None: the
+        operator's own), by name (absent: unknown, the caller observes that one by itself)."""
 
     def observed(self, resource: Resource, described: Any) -> Observation:
         """The observation `observe` would make from `describe_many`'s answer for it."""

@@ -17,8 +17,9 @@ A throttled call is retried inside `run`, after the shrunken budget lets it go a
 long as its bucket has been throttled for less than `max_throttled_seconds` without one call
 getting through; past that the throttling error is raised and the reconciler reports it.
 
-One operator process speaks for one AWS account (one credential chain), so the account is
-implicit in the key. Documented limits (the sources are in docs/api.md):
+AWS throttles per account: a resource in a CloudAccount spends that account's buckets (the
+key is (account, region, bucket); "" is the operator's own account). Documented limits (the
+sources are in docs/api.md):
 
 - RDS: 300 requests in a burst, 12 per second sustained, per account and region
   (https://docs.aws.amazon.com/AmazonRDS/latest/UserGuide/rds-api-throttling.html);
@@ -227,14 +228,16 @@ def _throttle_code(exc: BaseException) -> str | None:
     return None
 
 
-def _client_of(fn: Callable[..., Any]) -> tuple[str, str, str] | None:
-    """(service, region, operation) of a bound boto3 client method, else None."""
-    meta = getattr(getattr(fn, "__self__", None), "meta", None)
+def _client_of(fn: Callable[..., Any]) -> tuple[str, str, str, str] | None:
+    """(service, region, operation, account) of a bound boto3 client method, else None."""
+    client = getattr(fn, "__self__", None)
+    meta = getattr(client, "meta", None)
     service_model = getattr(meta, "service_model", None)
     if meta is None or service_model is None:
         return None
     operation = meta.method_to_api_mapping.get(getattr(fn, "__name__", ""), "")
-    return service_model.service_name, str(meta.region_name), operation
+    account = str(getattr(client, "_provisioner_account", "") or "")
+    return service_model.service_name, str(meta.region_name), operation, account
 
 
 class CallBudget:
@@ -250,10 +253,12 @@ class CallBudget:
         self.clock = clock
         self.sleep = sleep
         self._lock = threading.Lock()
-        self._buckets: dict[tuple[str, str], Bucket] = {}
+        self._buckets: dict[tuple[str, str, str], Bucket] = {}
         ACTIVE.add(self)
 
-    def buckets_for(self, service: str, region: str, operation: str) -> list[Bucket]:
+    def buckets_for(
+        self, service: str, region: str, operation: str, account: str = ""
+    ) -> list[Bucket]:
         """The buckets a call takes tokens from: its service's, then its group's."""
         names = [service]
         group = self.settings.groups.get(service, {}).get(operation)
@@ -265,10 +270,10 @@ class CallBudget:
                 limit = self.settings.limits.get(name)
                 if limit is None:
                     continue
-                bucket = self._buckets.get((region, name))
+                bucket = self._buckets.get((account, region, name))
                 if bucket is None:
                     bucket = Bucket(name, limit, self.settings, self.clock())
-                    self._buckets[(region, name)] = bucket
+                    self._buckets[(account, region, name)] = bucket
                 found.append(bucket)
         return found
 
@@ -287,8 +292,8 @@ class CallBudget:
         called = _client_of(fn)
         if called is None:
             return fn(*args, **kwargs)
-        service, region, operation = called
-        buckets = self.buckets_for(service, region, operation)
+        service, region, operation, account = called
+        buckets = self.buckets_for(service, region, operation, account)
         if not buckets:
             return fn(*args, **kwargs)
         while True:
@@ -329,10 +334,11 @@ class CallBudget:
         with self._lock:
             now = self.clock()
             rows = []
-            for (region, name), bucket in sorted(self._buckets.items()):
+            for (account, region, name), bucket in sorted(self._buckets.items()):
                 bucket._refill(now)
                 rows.append(
                     {
+                        "account": account,
                         "region": region,
                         "bucket": name,
                         "tokens": bucket.tokens,

@@ -64,5 +64,12 @@ class RetryLaterError(CloudError):
         self.retry_after = retry_after
 
 
+class AccountUnavailableError(CloudError):
+    """AssumeRole into the resource's CloudAccount failed (its message): nothing is called in
+    that account; retried with backoff, and at once when the CloudAccount changes."""
+
+    reason = "AccountUnavailable"
+
+
 class NotSupportedError(TerminalError):
     """The endpoint does not offer this service at all (e.g. RDS on LocalStack's free edition)."""

@@ -9,6 +9,7 @@ from typing import Any
 
 from provisioner import naming
 from provisioner.cloud import errors, tag_changes, tag_diffs
+from provisioner.cloud.assume import AccountRef
 from provisioner.cloud.aws import Aws
 from provisioner.cloud.base import (
     ErrorCodes,
@@ -90,7 +91,7 @@ class RdsClient:
         self.aws = aws
 
     def _rds(self, resource: Resource) -> Any:
-        return self.aws.client("rds", resource.region)
+        return self.aws.client("rds", resource.region, resource.account)
 
     def observe(self, resource: Resource) -> Observation:
         rds = self._rds(resource)
@@ -102,9 +103,11 @@ class RdsClient:
             return Observation(exists=False)
         return _observation(resource, found["DBInstances"][0])
 
-    def describe_many(self, region: str, names: Sequence[str]) -> dict[str, Any]:
+    def describe_many(
+        self, region: str, names: Sequence[str], account: AccountRef | None = None
+    ) -> dict[str, Any]:
         """One DescribeDBInstances per 100 identifiers (its largest page), tags included."""
-        rds, found = self.aws.client("rds", region), {}
+        rds, found = self.aws.client("rds", region, account), {}
         for start in range(0, len(names), DESCRIBE_PAGE):
             chosen = [
                 {"Name": "db-instance-id", "Values": list(names[start : start + DESCRIBE_PAGE])}

@@ -101,7 +101,7 @@ class S3Client:
         self.aws = aws
 
     def _s3(self, resource: Resource) -> Any:
-        return self.aws.client("s3", resource.region)
+        return self.aws.client("s3", resource.region, resource.account)
 
     def _get(self, fn: Any, bucket: str) -> dict[str, Any]:
         """A Get* sub-resource call; its not-found code means "unset" ({})."""

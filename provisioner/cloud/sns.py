@@ -52,10 +52,12 @@ class SnsClient:
         self._lock = threading.Lock()
 
     def _sns(self, resource: Resource) -> Any:
-        return self.aws.client("sns", resource.region)
+        return self.aws.client("sns", resource.region, resource.account)
 
     def topic_arn(self, resource: Resource) -> str:
-        account = self._account(resource.region)
+        account = (
+            resource.account.account_id if resource.account else self._account(resource.region)
+        )
         return f"arn:aws:sns:{resource.region}:{account}:{resource.external_name}"
 
     def _account(self, region: str) -> str:

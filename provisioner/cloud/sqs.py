@@ -71,7 +71,7 @@ class SqsClient:
         self.aws = aws
 
     def _sqs(self, resource: Resource) -> Any:
-        return self.aws.client("sqs", resource.region)
+        return self.aws.client("sqs", resource.region, resource.account)
 
     def observe(self, resource: Resource) -> Observation:
         sqs, name = self._sqs(resource), resource.external_name
@@ -90,7 +90,11 @@ class SqsClient:
         attributes = attrs.get("Attributes") or {}
         wanted = subscriptions.desired(resource.spec.subscribe_to, resource.resolved)
         subscribed = subscriptions.observe(
-            self.aws, attributes.get("QueueArn", ""), attributes.get("Policy"), wanted
+            self.aws,
+            attributes.get("QueueArn", ""),
+            attributes.get("Policy"),
+            wanted,
+            resource.account,
         )
         return self._observation(resource, url, attributes, tags, subscribed)
 
@@ -174,6 +178,7 @@ class SqsClient:
                 raw["attributes"].get("Policy"),
                 raw["subscriptions"],
                 subscriptions.desired(resource.spec.subscribe_to, resource.resolved),
+                resource.account,
             )
         if tags is not None:
             to_set, to_remove = tag_changes(raw["tags"], tags.desired)
@@ -186,7 +191,7 @@ class SqsClient:
         sqs = self._sqs(resource)
         # A subscription outlives its queue in SNS: remove ours first.
         subscribed = observation.client_state.get("subscriptions") or {}
-        subscriptions.unsubscribe(self.aws, subscribed.get("subscriptions") or {})
+        subscriptions.unsubscribe(self.aws, subscribed.get("subscriptions") or {}, resource.account)
         try:
             url = (
                 observation.client_state.get("url")

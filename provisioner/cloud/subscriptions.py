@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from provisioner.cloud import errors
+from provisioner.cloud.assume import AccountRef
 from provisioner.cloud.aws import Aws
 from provisioner.cloud.base import FieldDiff
 
@@ -64,7 +65,11 @@ def allowed_topics(policy: str | None) -> list[str]:
 
 
 def observe(
-    aws: Aws, queue_arn: str, policy: str | None, wanted: Mapping[str, bool]
+    aws: Aws,
+    queue_arn: str,
+    policy: str | None,
+    wanted: Mapping[str, bool],
+    account: AccountRef | None = None,
 ) -> dict[str, Any]:
     """What exists now: {"subscriptions": {topicArn: (subscriptionArn, raw)}, "allowed": [...]}.
 
@@ -74,7 +79,7 @@ def observe(
     allowed = allowed_topics(policy)
     found: dict[str, tuple[str, bool]] = {}
     for topic in sorted(set(wanted) | set(allowed)):
-        sns = aws.client("sns", _region(topic))
+        sns = aws.client("sns", _region(topic), account)
         page: dict[str, Any] = {}
         try:
             while True:
@@ -111,11 +116,12 @@ def apply(
     policy: str | None,
     state: Mapping[str, Any],
     wanted: Mapping[str, bool],
+    account: AccountRef | None = None,
 ) -> None:
     """Subscribe, fix raw delivery, unsubscribe what is no longer wanted; then the policy."""
     existing: dict[str, tuple[str, bool]] = state["subscriptions"]
     for topic, raw in wanted.items():
-        sns = aws.client("sns", _region(topic))
+        sns = aws.client("sns", _region(topic), account)
         if topic not in existing:
             aws.call(
                 sns.subscribe,
@@ -138,10 +144,12 @@ def apply(
         aws.call(sqs.set_queue_attributes, QueueUrl=queue_url, Attributes={"Policy": new_policy})
 
 
-def unsubscribe(aws: Aws, subscriptions: Mapping[str, tuple[str, bool]]) -> None:
+def unsubscribe(
+    aws: Aws, subscriptions: Mapping[str, tuple[str, bool]], account: AccountRef | None = None
+) -> None:
     for topic, (arn, _) in subscriptions.items():
         try:
-            aws.call(aws.client("sns", _region(topic)).unsubscribe, SubscriptionArn=arn)
+            aws.call(aws.client("sns", _region(topic), account).unsubscribe, SubscriptionArn=arn)
         except errors.NotFoundError:
             continue
 

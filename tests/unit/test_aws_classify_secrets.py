@@ -129,7 +129,7 @@ class FakeAws:
         self.budget = CallBudget(self.settings.budget)
         self.s3 = s3
 
-    def client(self, service: str, region: str | None = None) -> Any:
+    def client(self, service: str, region: str | None = None, account: Any = None) -> Any:
         return self.s3
 
     def partition(self, region: str) -> str:

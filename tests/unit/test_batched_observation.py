@@ -23,7 +23,9 @@ class Batching:
         self.names = names
         self.batches: list[list[str]] = []
 
-    def describe_many(self, region: str, names: Sequence[str]) -> dict[str, Any]:
+    def describe_many(
+        self, region: str, names: Sequence[str], account: Any = None
+    ) -> dict[str, Any]:
         self.batches.append(list(names))
         return {n: {"name": n, "region": region} for n in names if n in self.names}
 
@@ -49,7 +51,7 @@ def test_one_batch_serves_every_due_resource_that_exists():
     cloud = Batching({a.external_name, b.external_name})
     assert isinstance(cloud, BatchObserver)
     rec = reconciler(cloud)
-    due = [(r.uid, r.region, r.external_name) for r in (a, b, gone)]
+    due = [(r.uid, r.region, r.external_name, None) for r in (a, b, gone)]
     assert asyncio.run(rec.prefetch("DatabaseInstance", due)) == 2
     assert len(cloud.batches) == 1
     assert rec._prefetched(cloud, a).state == "from-batch"
@@ -62,7 +64,7 @@ def test_an_answer_taken_before_a_write_is_never_used():
     a = resource("a")
     cloud = Batching({a.external_name})
     rec = reconciler(cloud)
-    asyncio.run(rec.prefetch("DatabaseInstance", [(a.uid, a.region, a.external_name)]))
+    asyncio.run(rec.prefetch("DatabaseInstance", [(a.uid, a.region, a.external_name, None)]))
     rec.last_write[a.uid] = time.monotonic()  # the change handler wrote in between
     assert rec._prefetched(cloud, a) is None
 
@@ -71,7 +73,7 @@ def test_an_old_answer_is_never_used():
     a = resource("a")
     cloud = Batching({a.external_name})
     rec = reconciler(cloud)
-    asyncio.run(rec.prefetch("DatabaseInstance", [(a.uid, a.region, a.external_name)]))
+    asyncio.run(rec.prefetch("DatabaseInstance", [(a.uid, a.region, a.external_name, None)]))
     started, described = rec.prefetched[a.uid]
     rec.prefetched[a.uid] = (started - PREFETCH_TTL - 1, described)
     assert rec._prefetched(cloud, a) is None
@@ -79,7 +81,7 @@ def test_an_old_answer_is_never_used():
 
 def test_kinds_without_batches_are_left_alone():
     rec = Reconciler(SETTINGS, None, {"Queue": object()}, lambda *_: None)
-    assert asyncio.run(rec.prefetch("Queue", [("u", "us-east-1", "q")])) == 0
+    assert asyncio.run(rec.prefetch("Queue", [("u", "us-east-1", "q", None)])) == 0
     assert rec.prefetched == {}
 
 
@@ -123,7 +125,9 @@ def test_an_answer_taken_while_a_write_was_on_its_way_is_never_used():
     async def scenario() -> None:
         writing = asyncio.create_task(rec._write(a, slow_update))
         await asyncio.sleep(0.05)  # the write is on its way
-        results.append(await rec.prefetch("DatabaseInstance", [(a.uid, a.region, a.external_name)]))
+        results.append(
+            await rec.prefetch("DatabaseInstance", [(a.uid, a.region, a.external_name, None)])
+        )
         release.set()
         await writing
 
@@ -138,7 +142,7 @@ def test_resources_their_change_handler_waits_on_are_not_described():
     cloud = Batching({a.external_name, b.external_name})
     rec = reconciler(cloud)
     rec.requeued.add(a.uid)  # `creating`: its own backoff polls it, the resync skips it
-    due = [(r.uid, r.region, r.external_name) for r in (a, b)]
+    due = [(r.uid, r.region, r.external_name, None) for r in (a, b)]
     assert asyncio.run(rec.prefetch("DatabaseInstance", due)) == 1
     assert cloud.batches == [[b.external_name]]
     rec.requeued.add(b.uid)

@@ -147,13 +147,20 @@ def test_cluster_wide_mode(helm):
     assert kinds(docs) == [
         ("ClusterKopfPeering", None),
         ("ClusterRole", None),
+        ("ClusterRole", None),
+        ("ClusterRole", None),
+        ("ClusterRoleBinding", None),
         ("ClusterRoleBinding", None),
         ("Deployment", "ops"),
         ("PodDisruptionBudget", "ops"),
         ("Service", "ops"),
         ("ServiceAccount", "ops"),
     ]
-    (binding,) = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
+    (binding,) = [
+        d
+        for d in docs
+        if d["kind"] == "ClusterRoleBinding" and d["metadata"]["name"] == "provisioner"
+    ]
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "provisioner", "namespace": "ops"}
     ]
@@ -163,7 +170,7 @@ def test_cluster_wide_mode(helm):
 
 
 def test_namespaced_mode_has_no_cluster_wide_permission(helm):
-    docs = render(helm, "watchNamespaces={team-a,team-b}")
+    docs = render(helm, "watchNamespaces={team-a,team-b}", "accounts.enabled=false")
     assert kinds(docs) == [
         ("Deployment", "ops"),
         ("KopfPeering", "team-a"),
@@ -182,11 +189,59 @@ def test_namespaced_mode_has_no_cluster_wide_permission(helm):
         for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
     }
     assert env["PROVISIONER_NAMESPACES"] == "team-a,team-b"
+    assert env["PROVISIONER_ACCOUNTS"] == "off"
+
+
+def test_namespaced_mode_with_accounts_only_reads_them_cluster_wide(helm):
+    """CloudAccounts and namespaces are cluster-scoped: a namespaced operator that serves
+    CloudAccounts reads them cluster-wide, and may do nothing else outside its namespaces
+    (their status and finalizer are the cluster-wide operator's)."""
+    docs = render(helm, "watchNamespaces={team-a,team-b}")
+    bound = {d["roleRef"]["name"] for d in docs if d["kind"] == "ClusterRoleBinding"}
+    assert bound == {"provisioner-accounts"}
+    (role,) = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] in bound]
+    assert grants(role) == {
+        ("cloud.provisioner.dev", "cloudaccounts", v) for v in ("get", "list", "watch")
+    } | {("", "namespaces", v) for v in ("get", "list", "watch")}
+
+
+def test_account_admin_role_is_shipped_unbound(helm):
+    docs = render(helm)
+    (admin,) = [d for d in docs if d["metadata"]["name"] == "provisioner-account-admin"]
+    assert ("cloud.provisioner.dev", "cloudaccounts", "create") in grants(admin)
+    assert not any(
+        d["kind"] == "ClusterRoleBinding" and d["roleRef"]["name"] == "provisioner-account-admin"
+        for d in docs
+    )
+    (operator,) = [
+        d
+        for d in docs
+        if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "provisioner-accounts"
+    ]
+    assert grants(operator) == {
+        ("cloud.provisioner.dev", "cloudaccounts", v) for v in ("get", "list", "watch", "patch")
+    } | {("cloud.provisioner.dev", "cloudaccounts/status", "patch")} | {
+        ("", "namespaces", v) for v in ("get", "list", "watch")
+    }
+
+
+def grants(role: dict[str, Any]) -> set[tuple[str, str, str]]:
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
 
 
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_exact_rules(helm, replicas):
-    (role,) = [d for d in render(helm, f"replicas={replicas}") if d["kind"] == "ClusterRole"]
+    (role,) = [
+        d
+        for d in render(helm, f"replicas={replicas}")
+        if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "provisioner"
+    ]
     grants = {
         (group, resource, verb)
         for rule in role["rules"]
@@ -341,7 +396,8 @@ def test_every_registered_kind_has_its_crd_and_rbac():
     crds = {}
     for path in (ROOT / "crds").glob("*.yaml"):
         crd = yaml.safe_load(path.read_text())
-        crds[crd["spec"]["names"]["kind"]] = crd["spec"]["names"]
+        if crd["spec"]["scope"] == "Namespaced":
+            crds[crd["spec"]["names"]["kind"]] = crd["spec"]["names"]
     assert set(crds) == {k.kind for k in KINDS}
     for kind in KINDS:
         names = crds[kind.kind]
@@ -353,7 +409,7 @@ def test_every_registered_kind_has_its_crd_and_rbac():
     role = next(
         doc
         for doc in yaml.safe_load_all(RENDERED.read_text())
-        if doc and doc.get("kind") == "ClusterRole"
+        if doc and doc.get("kind") == "ClusterRole" and doc["metadata"]["name"] == "provisioner"
     )
     ours = [r for r in role["rules"] if r.get("apiGroups") == ["cloud.provisioner.dev"]]
     assert sorted(r["resources"] for r in ours) == sorted(

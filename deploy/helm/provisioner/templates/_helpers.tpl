@@ -58,14 +58,15 @@ The permissions the operator needs on its custom resources and on what it writes
 them, in the watched namespaces (all of them through a ClusterRole, or a Role in each).
 */}}
 {{/*
-The plurals of the operator's kinds, read from the chart's own CRDs (crds/), so that a new
-kind's CRD is all the RBAC needs: "databaseinstances, queues, s3buckets, ...".
+The plurals of the operator's namespaced kinds, read from the chart's own CRDs (crds/), so
+that a new kind's CRD is all the RBAC needs: "databaseinstances, queues, s3buckets, ...".
+(CloudAccounts, cluster-scoped, have rules of their own: templates/accounts-rbac.yaml.)
 */}}
 {{- define "provisioner.kindPlurals" -}}
 {{- $plurals := list }}
 {{- range $path, $_ := .Files.Glob "crds/*.yaml" }}
 {{- $crd := $.Files.Get $path | fromYaml }}
-{{- if eq $crd.spec.group "cloud.provisioner.dev" }}
+{{- if and (eq $crd.spec.group "cloud.provisioner.dev") (eq $crd.spec.scope "Namespaced") }}
 {{- $plurals = append $plurals $crd.spec.names.plural }}
 {{- end }}
 {{- end }}

@@ -1,0 +1,385 @@
+"""CloudAccounts: resources in several AWS accounts, tenant isolation, no restart for changes.
+
+A stack of the module's own (control plane, moto) with an operator watching every namespace,
+so that it also keeps CloudAccounts' status and finalizer (the session operator watches a
+glob of namespaces and only reads them). The operator talks to the aws-like proxy, which
+refuses an AssumeRole the way AWS does when the role does not exist in its account; moto
+itself lets anyone assume anything. The tests create the roles in moto's IAM of each account
+and read each account's resources with boto3 as that account.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+import pytest
+
+from provisioner_dev.awslike import AwsLikeProxy
+from provisioner_dev.launch import OperatorProcess
+from provisioner_dev.stack import DEV_CREDENTIALS, DEV_REGION
+from tests.conftest import TEST_CLOUD, TEST_RESYNC_SECONDS, Cluster, running_cluster
+from tests.helpers import (
+    condition,
+    events,
+    get,
+    manifests,
+    secret_data,
+    wait_condition,
+    wait_for,
+    wait_gone,
+    wait_ready,
+)
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(TEST_CLOUD != "moto", reason="moto serves many accounts by AssumeRole"),
+]
+
+ACCOUNT_A, ACCOUNT_B, ACCOUNT_C = "111111111111", "222222222222", "333333333333"
+ROLE = "provisioner"
+TRUST = json.dumps(
+    {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Principal": {"AWS": "arn:aws:iam::123456789012:root"},
+                "Action": "sts:AssumeRole",
+            }
+        ],
+    }
+)
+
+
+@dataclass
+class Env:
+    kube: Cluster
+    proxy: AwsLikeProxy
+    operator: OperatorProcess
+
+    def as_account(self, account: str, service: str, region: str = DEV_REGION) -> Any:
+        """A boto3 client acting in `account`, straight to moto (not through the proxy)."""
+        sts = boto3.client("sts", endpoint_url=self.kube.moto.url, region_name=DEV_REGION, **KEYS)
+        creds = sts.assume_role(
+            RoleArn=f"arn:aws:iam::{account}:role/test-reader", RoleSessionName="test"
+        )["Credentials"]
+        return boto3.client(
+            service,
+            endpoint_url=self.kube.moto.url,
+            region_name=region,
+            aws_access_key_id=creds["AccessKeyId"],
+            aws_secret_access_key=creds["SecretAccessKey"],
+            aws_session_token=creds["SessionToken"],
+        )
+
+    def assume_role_calls(self) -> int:
+        return int(self.proxy.stats()["calls_by_action"].get("sts.AssumeRole", 0))
+
+
+KEYS = {
+    "aws_access_key_id": DEV_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+    "aws_secret_access_key": DEV_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+}
+
+
+@pytest.fixture(scope="module")
+def env() -> Iterator[Env]:
+    with running_cluster() as kube:
+        # RDS at a time scale where its 5-minute create takes half a second.
+        proxy = AwsLikeProxy(
+            upstream=kube.moto.url,
+            args=["--time-scale=600"],
+            seed=5,
+            log=kube.dir / "awslike.log",
+        )
+        proxy.start()
+        operator = kube.stack.start_operator(
+            endpoint_url=proxy.url,
+            log=kube.dir / "operator-accounts.log",
+            args=[f"--resync-seconds={TEST_RESYNC_SECONDS}"],
+            cluster_id="test",
+        )
+        e = Env(kube, proxy, operator)
+        for account in (ACCOUNT_A, ACCOUNT_B, ACCOUNT_C):
+            iam = e.as_account(account, "iam")
+            iam.create_role(RoleName=ROLE, AssumeRolePolicyDocument=TRUST)
+        try:
+            yield e
+        finally:
+            operator.stop()
+            proxy.stop()
+
+
+def suffix() -> str:
+    return uuid.uuid4().hex[:6]
+
+
+def namespace(env: Env, team: str, annotations: dict[str, str] | None = None) -> str:
+    name = f"{team}-{suffix()}"
+    env.kube.kubectl("create", "namespace", name)
+    env.kube.kubectl("label", "namespace", name, f"team={team}")
+    for key, value in (annotations or {}).items():
+        env.kube.kubectl("annotate", "namespace", name, f"{key}={value}")
+    return name
+
+
+def cloud_account(
+    env: Env,
+    name: str,
+    account: str,
+    team: str,
+    *,
+    role: str = ROLE,
+    regions: list[str] | None = None,
+    default_region: str | None = None,
+) -> None:
+    spec: dict[str, Any] = {
+        "accountId": account,
+        "roleArn": f"arn:aws:iam::{account}:role/{role}",
+        "namespaceSelector": {"matchLabels": {"team": team}},
+    }
+    if regions:
+        spec["regions"] = regions
+    if default_region:
+        spec["defaultRegion"] = default_region
+    body = {
+        "apiVersion": "cloud.provisioner.dev/v1alpha1",
+        "kind": "CloudAccount",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+    env.kube.kubectl("apply", "-f", "-", input=json.dumps(body))
+
+
+def apply_in(env: Env, ns: str, docs: list[tuple[str, str, str]]) -> None:
+    env.kube.kubectl("apply", "-n", ns, "-f", "-", input=manifests(docs))
+
+
+def synced_reason(env: Env, kind: str, ns: str, name: str) -> str:
+    c = condition(get(env.kube, kind, ns, name), "Synced")
+    return str((c or {}).get("reason", ""))
+
+
+def queues_in(env: Env, account: str) -> list[str]:
+    return list(env.as_account(account, "sqs").list_queues().get("QueueUrls", []))
+
+
+def names_everywhere(env: Env, needle: str) -> list[str]:
+    """Every queue URL, bucket and DB instance in any of the accounts that contains `needle`."""
+    found = []
+    for account in (ACCOUNT_A, ACCOUNT_B, ACCOUNT_C, "123456789012"):
+        found += [u for u in queues_in(env, account) if needle in u]
+        buckets = env.as_account(account, "s3").list_buckets().get("Buckets", [])
+        found += [b["Name"] for b in buckets if needle in b["Name"]]
+        dbs = env.as_account(account, "rds").describe_db_instances()["DBInstances"]
+        found += [d["DBInstanceIdentifier"] for d in dbs if needle in d["DBInstanceIdentifier"]]
+    return found
+
+
+THREE_KINDS: list[tuple[str, str, dict[str, Any]]] = [
+    ("Queue", "q", {}),
+    ("S3Bucket", "b", {}),
+    ("DatabaseInstance", "db", {"engine": "postgres", "instanceClass": "db.t3.micro"}),
+]
+
+
+def cloudaccount(env: Env, name: str) -> dict[str, Any] | None:
+    found = env.kube.kubectl("get", "cloudaccount", name, "-o", "json", check=False)
+    return json.loads(found.stdout) if found.returncode == 0 else None
+
+
+def test_each_namespace_s_resources_land_in_its_own_account(env):
+    """Two teams, two accounts: every resource lands in its team's account (ARNs and URLs say
+    so, each account's listing has only its own), and status and Secrets say where."""
+    a, b = f"team-a-{suffix()}", f"team-b-{suffix()}"
+    ns_a, ns_b = namespace(env, a), namespace(env, b)
+    cloud_account(env, a, ACCOUNT_A, a)
+    cloud_account(env, b, ACCOUNT_B, b)
+    for ns, account_name in ((ns_a, a), (ns_b, b)):
+        docs = [(k, n, json.dumps({**spec, "account": account_name})) for k, n, spec in THREE_KINDS]
+        apply_in(env, ns, docs)
+    for ns, account in ((ns_a, ACCOUNT_A), (ns_b, ACCOUNT_B)):
+        for kind, name, _ in THREE_KINDS:
+            obj = wait_ready(env.kube, kind, ns, name, timeout=90)
+            assert obj["status"]["accountId"] == account
+            if kind != "S3Bucket":  # a bucket's ARN names no account
+                assert f":{account}:" in obj["status"]["arn"], obj["status"]["arn"]
+        queue = get(env.kube, "Queue", ns, "q")
+        assert f"/{account}/" in queue["status"]["queueUrl"]
+        secret = secret_data(env.kube, ns, "q-connection")
+        assert secret is not None and f"/{account}/" in secret["queueUrl"]
+    mine_a = [u for u in queues_in(env, ACCOUNT_A) if ns_a in u or ns_b in u]
+    mine_b = [u for u in queues_in(env, ACCOUNT_B) if ns_a in u or ns_b in u]
+    assert len(mine_a) == 1 and ns_a in mine_a[0], mine_a
+    assert len(mine_b) == 1 and ns_b in mine_b[0], mine_b
+    ready = env.kube.kubectl("get", "cacc", a).stdout
+    assert re.search(rf"{a}\s+True\s+{ACCOUNT_A}\s+arn:aws:iam::{ACCOUNT_A}:role/{ROLE}", ready), (
+        ready
+    )
+    assert cloudaccount(env, a)["status"]["assumedArn"].startswith(
+        f"arn:aws:sts::{ACCOUNT_A}:assumed-role/{ROLE}/"
+    )
+    for ns in (ns_a, ns_b):
+        env.kube.kubectl("delete", "-n", ns, "queue,s3bucket,databaseinstance", "--all")
+    assert wait_for(
+        lambda: not names_everywhere(env, ns_a) and not names_everywhere(env, ns_b),
+        timeout=60,
+        what="every resource deleted in its account",
+    )
+
+
+def test_another_team_s_account_is_refused_with_no_cloud_call(env):
+    a, b = f"team-a-{suffix()}", f"team-b-{suffix()}"
+    namespace(env, a)
+    ns_b = namespace(env, b)
+    cloud_account(env, a, ACCOUNT_A, a)
+    apply_in(env, ns_b, [("Queue", "stolen", f"{{account: {a}}}")])
+    obj = wait_condition(env.kube, "Queue", ns_b, "stolen", "Synced", "False", "AccountNotAllowed")
+    assert f"does not select namespace {ns_b}" in condition(obj, "Synced")["message"]
+    assert names_everywhere(env, ns_b) == []
+    assert "accountId" not in obj["status"]
+    # Relabelled into the team: taken up within seconds, no restart.
+    env.kube.kubectl("label", "namespace", ns_b, f"team={a}", "--overwrite")
+    obj = wait_ready(env.kube, "Queue", ns_b, "stolen", timeout=30)
+    assert obj["status"]["accountId"] == ACCOUNT_A
+    env.kube.kubectl("delete", "-n", ns_b, "queue", "stolen")
+    wait_gone(env.kube, "Queue", ns_b, "stolen")
+
+
+def test_namespace_default_override_regions_and_an_account_made_later(env):
+    a, c = f"team-a-{suffix()}", f"team-c-{suffix()}"
+    ns = namespace(env, a, {"cloud.provisioner.dev/default-account": a})
+    env.kube.kubectl("label", "namespace", ns, f"team-c={c}")
+    cloud_account(
+        env, a, ACCOUNT_A, a, regions=["us-east-1", "eu-west-1"], default_region="eu-west-1"
+    )
+    apply_in(
+        env,
+        ns,
+        [
+            ("Queue", "by-default", "{}"),
+            ("Queue", "elsewhere", "{region: ap-south-1}"),
+            ("Queue", "overridden", f"{{account: {c}}}"),
+        ],
+    )
+    obj = wait_ready(env.kube, "Queue", ns, "by-default")
+    assert obj["status"]["accountId"] == ACCOUNT_A and obj["status"]["region"] == "eu-west-1"
+    assert "sqs.eu-west-1" in obj["status"]["arn"] or ":eu-west-1:" in obj["status"]["arn"]
+    refused = wait_condition(
+        env.kube, "Queue", ns, "elsewhere", "Synced", "False", "RegionNotAllowed"
+    )
+    assert "ap-south-1 is not allowed" in condition(refused, "Synced")["message"]
+    wait_condition(env.kube, "Queue", ns, "overridden", "Synced", "False", "AccountNotFound")
+    # The CloudAccount it names appears: taken up within seconds.
+    env.kube.kubectl(
+        "apply",
+        "-f",
+        "-",
+        input=json.dumps(
+            {
+                "apiVersion": "cloud.provisioner.dev/v1alpha1",
+                "kind": "CloudAccount",
+                "metadata": {"name": c},
+                "spec": {
+                    "accountId": ACCOUNT_C,
+                    "roleArn": f"arn:aws:iam::{ACCOUNT_C}:role/{ROLE}",
+                    "namespaceSelector": {"matchLabels": {"team-c": c}},
+                },
+            }
+        ),
+    )
+    obj = wait_ready(env.kube, "Queue", ns, "overridden", timeout=30)
+    assert obj["status"]["accountId"] == ACCOUNT_C
+    assert names_everywhere(env, f"{ns}-elsewhere") == []
+    # spec.account cannot change: a cloud resource does not move between accounts.
+    moved = env.kube.kubectl(
+        "patch",
+        "queue",
+        "overridden",
+        "-n",
+        ns,
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"account": a}}),
+        check=False,
+    )
+    assert moved.returncode != 0 and "spec.account is immutable" in moved.stderr
+    env.kube.kubectl("delete", "-n", ns, "queue", "--all")
+    for name in ("by-default", "elsewhere", "overridden"):
+        wait_gone(env.kube, "Queue", ns, name)
+
+
+def test_an_unassumable_role_is_reported_within_seconds_and_recovers(env):
+    a = f"team-a-{suffix()}"
+    ns = namespace(env, a)
+    cloud_account(env, a, ACCOUNT_A, a)
+    apply_in(env, ns, [("Queue", "q", f"{{account: {a}}}")])
+    wait_ready(env.kube, "Queue", ns, "q")
+    cloud_account(env, a, ACCOUNT_A, a, role="no-such-role")
+    obj = wait_condition(
+        env.kube, "Queue", ns, "q", "Synced", "False", "AccountUnavailable", timeout=30
+    )
+    message = condition(obj, "Synced")["message"]
+    assert "no-such-role" in message and "AccessDenied" in message
+    account = wait_for(
+        lambda: (c := condition(cloudaccount(env, a), "Ready")) and c["status"] == "False" and c,
+        timeout=30,
+        what="CloudAccount Ready=False",
+    )
+    assert account["reason"] == "AccountUnavailable"
+    cloud_account(env, a, ACCOUNT_A, a)  # fixed
+    wait_ready(env.kube, "Queue", ns, "q", timeout=30)
+    wait_for(
+        lambda: (condition(cloudaccount(env, a), "Ready") or {}).get("status") == "True",
+        timeout=30,
+        what="CloudAccount Ready again",
+    )
+    env.kube.kubectl("delete", "-n", ns, "queue", "q")
+    wait_gone(env.kube, "Queue", ns, "q")
+
+
+def test_an_account_in_use_is_deleted_only_after_its_resources(env):
+    a = f"team-a-{suffix()}"
+    ns = namespace(env, a)
+    cloud_account(env, a, ACCOUNT_A, a)
+    apply_in(env, ns, [("Queue", "q", f"{{account: {a}}}")])
+    wait_ready(env.kube, "Queue", ns, "q")
+    env.kube.kubectl("delete", "cloudaccount", a, "--wait=false")
+    warning = wait_for(
+        lambda: [e for e in events(env.kube, "default", a) if e["reason"] == "InUse"],
+        timeout=30,
+        what="an InUse Event on the CloudAccount",
+    )
+    assert f"{ns}/Queue/q" in warning[0]["message"]
+    assert cloudaccount(env, a) is not None
+    # New resources may not use an account on its way out.
+    apply_in(env, ns, [("Queue", "late", f"{{account: {a}}}")])
+    wait_condition(env.kube, "Queue", ns, "late", "Synced", "False", "AccountNotFound")
+    env.kube.kubectl("delete", "-n", ns, "queue", "--all")
+    wait_gone(env.kube, "Queue", ns, "q")
+    wait_for(lambda: cloudaccount(env, a) is None, timeout=60, what="CloudAccount gone")
+
+
+def test_assume_role_once_per_account_not_per_resource(env):
+    names = [f"team-{x}-{suffix()}" for x in "abc"]
+    before = env.assume_role_calls()
+    spaces = []
+    for name, account in zip(names, (ACCOUNT_A, ACCOUNT_B, ACCOUNT_C), strict=True):
+        ns = namespace(env, name)
+        spaces.append(ns)
+        cloud_account(env, name, account, name)
+        apply_in(env, ns, [("Queue", f"q{i}", f"{{account: {name}}}") for i in range(10)])
+    for ns in spaces:
+        for i in range(10):
+            wait_ready(env.kube, "Queue", ns, f"q{i}", timeout=90)
+    calls = env.assume_role_calls() - before
+    print(f"AssumeRole calls for 30 queues over 3 accounts, Ready and resynced: {calls}")
+    assert calls == 3
+    for ns in spaces:
+        env.kube.kubectl("delete", "-n", ns, "queue", "--all")

@@ -1,0 +1,213 @@
+"""Where a resource lives (provisioner/accounts.py) and the assumed-role session cache
+(provisioner/cloud/assume.py), without a cluster or a cloud."""
+
+from __future__ import annotations
+
+import datetime
+import threading
+from typing import Any
+
+import pytest
+
+from provisioner import annotation_keys
+from provisioner import conditions as cond
+from provisioner.accounts import AccountRefused, Directory, selector_matches
+from provisioner.cloud import errors
+from provisioner.cloud.assume import AccountRef, AssumedSessions
+
+TEAM_A = {
+    "metadata": {"name": "team-a", "generation": 1},
+    "spec": {
+        "accountId": "111111111111",
+        "roleArn": "arn:aws:iam::111111111111:role/provisioner",
+        "regions": ["eu-west-1", "us-east-1"],
+        "defaultRegion": "eu-west-1",
+        "namespaceSelector": {"matchLabels": {"team": "a"}},
+    },
+}
+
+
+def directory(namespaces: dict[str, dict[str, Any]], accounts: list[dict[str, Any]]) -> Directory:
+    by_name = {a["metadata"]["name"]: a for a in accounts}
+    return Directory(by_name.get, lambda n: {"metadata": {"name": n, **namespaces[n]}})
+
+
+@pytest.mark.parametrize(
+    ("selector", "labels", "selected"),
+    [
+        ({}, {"team": "a"}, False),  # empty selects none
+        ({"matchLabels": {"team": "a"}}, {"team": "a", "x": "y"}, True),
+        ({"matchLabels": {"team": "a"}}, {"team": "b"}, False),
+        (
+            {"matchExpressions": [{"key": "team", "operator": "In", "values": ["a", "b"]}]},
+            {"team": "b"},
+            True,
+        ),
+        ({"matchExpressions": [{"key": "team", "operator": "NotIn", "values": ["a"]}]}, {}, True),
+        ({"matchExpressions": [{"key": "team", "operator": "Exists"}]}, {}, False),
+        ({"matchExpressions": [{"key": "prod", "operator": "DoesNotExist"}]}, {"prod": ""}, False),
+    ],
+)
+def test_label_selector(selector, labels, selected):
+    assert selector_matches(selector, labels) is selected
+
+
+def test_spec_account_in_a_selected_namespace_uses_its_default_region():
+    d = directory({"ns-a": {"labels": {"team": "a"}}}, [TEAM_A])
+    placed = d.place("ns-a", "team-a", "", {}, "us-west-2")
+    assert placed.account is not None and placed.account.account_id == "111111111111"
+    assert placed.region == "eu-west-1"
+
+
+def test_namespace_default_account_applies_when_the_spec_names_none():
+    annotations = {annotation_keys.DEFAULT_ACCOUNT: "team-a"}
+    d = directory({"ns-a": {"labels": {"team": "a"}, "annotations": annotations}}, [TEAM_A])
+    placed = d.place("ns-a", "", "us-east-1", {}, "us-west-2")
+    assert placed.account is not None and placed.account.name == "team-a"
+    assert placed.region == "us-east-1"
+
+
+def test_no_account_anywhere_is_the_operators_own():
+    d = directory({"ns": {}}, [TEAM_A])
+    placed = d.place("ns", "", "", {}, "us-west-2")
+    assert placed.account is None and placed.region == "us-west-2"
+
+
+@pytest.mark.parametrize(
+    ("namespace", "account", "region", "reason"),
+    [
+        ("ns-b", "team-a", "", cond.ACCOUNT_NOT_ALLOWED),
+        ("ns-a", "nobody", "", cond.ACCOUNT_NOT_FOUND),
+        ("ns-a", "team-a", "ap-south-1", cond.REGION_NOT_ALLOWED),
+    ],
+)
+def test_refusals(namespace, account, region, reason):
+    d = directory({"ns-a": {"labels": {"team": "a"}}, "ns-b": {"labels": {"team": "b"}}}, [TEAM_A])
+    with pytest.raises(AccountRefused) as refused:
+        d.place(namespace, account, region, {}, "us-east-1")
+    assert refused.value.reason == reason
+
+
+def test_a_placed_resource_never_moves():
+    """status.account pins it: a namespace default added later changes nothing, and a spec
+    naming another account is refused rather than creating a second resource."""
+    annotations = {annotation_keys.DEFAULT_ACCOUNT: "team-a"}
+    d = directory({"ns-a": {"labels": {"team": "a"}, "annotations": annotations}}, [TEAM_A])
+    own = {"account": "", "region": "us-west-2", "externalName": "x"}
+    assert d.place("ns-a", "", "", own, "us-east-1").account is None
+    assert d.place("ns-a", "", "", own, "us-east-1").region == "us-west-2"
+    with pytest.raises(AccountRefused) as refused:
+        d.place("ns-a", "team-a", "", own, "us-east-1")
+    assert refused.value.reason == cond.INVALID_SPEC
+    legacy = {"externalName": "created-before-cloudaccounts"}
+    assert d.place("ns-a", "", "", legacy, "us-east-1").account is None
+
+
+def test_a_resource_that_lives_in_an_account_may_clean_up_after_its_namespace_lost_it():
+    d = directory({"ns-b": {"labels": {"team": "b"}}}, [TEAM_A])
+    status = {"account": "team-a", "region": "ap-south-1"}
+    with pytest.raises(AccountRefused):
+        d.place("ns-b", "team-a", "", status, "us-east-1")
+    placed = d.place("ns-b", "team-a", "", status, "us-east-1", deleting=True)
+    assert placed.account is not None and placed.region == "ap-south-1"
+
+
+def test_an_unknown_name_is_asked_of_the_api_server_once_per_few_seconds():
+    asked: list[str] = []
+    now = [0.0]
+
+    def load(name: str) -> None:
+        asked.append(name)
+
+    d = Directory(load, lambda n: None, clock=lambda: now[0])
+    assert d.account("nobody") is None and d.account("nobody") is None
+    assert asked == ["nobody"]
+    now[0] = 10.0
+    d.account("nobody")
+    assert asked == ["nobody", "nobody"]
+
+
+# -- the session cache ---------------------------------------------------------------------
+
+
+class FakeSts:
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.fail = False
+        self.lock = threading.Lock()
+
+    def assume_role(self, **kwargs: Any) -> dict[str, Any]:
+        with self.lock:
+            self.calls.append(kwargs)
+        if self.fail:
+            raise errors.TerminalError("not authorized to perform: sts:AssumeRole", "AccessDenied")
+        expires = datetime.datetime.fromtimestamp(
+            CLOCK[0] + kwargs["DurationSeconds"], datetime.UTC
+        )
+        n = len(self.calls)
+        return {
+            "Credentials": {
+                "AccessKeyId": f"ASIA{n}",
+                "SecretAccessKey": "s",
+                "SessionToken": "t",
+                "Expiration": expires,
+            },
+            "AssumedRoleUser": {"Arn": f"{kwargs['RoleArn']}/{kwargs['RoleSessionName']}"},
+        }
+
+
+CLOCK = [1_000_000.0]
+ACCOUNT = AccountRef("team-a", "111111111111", "arn:aws:iam::111111111111:role/p", "ext-1")
+
+
+def sessions(sts: FakeSts) -> AssumedSessions:
+    return AssumedSessions(
+        lambda: sts,
+        "provisioner-test",
+        lambda fn, **kw: fn(**kw),
+        clock=lambda: CLOCK[0],
+    )
+
+
+def test_one_assume_role_per_session_lifetime_refreshed_ahead_of_expiry():
+    sts = FakeSts()
+    cache = sessions(sts)
+    first = cache.session(ACCOUNT)
+    for _ in range(100):
+        assert cache.session(ACCOUNT) is first
+    assert len(sts.calls) == 1
+    assert sts.calls[0]["ExternalId"] == "ext-1"
+    assert first.assumed_arn.endswith("/provisioner-test")
+    CLOCK[0] += 3600 - 900 - 1  # just outside the refresh window: still the same session
+    assert cache.session(ACCOUNT) is first
+    CLOCK[0] += 2  # inside it: a new one, before the old one expires
+    assert cache.session(ACCOUNT) is not first
+    assert len(sts.calls) == 2
+
+
+def test_a_failure_is_remembered_briefly_and_an_edit_tries_at_once():
+    sts = FakeSts()
+    sts.fail = True
+    cache = sessions(sts)
+    for _ in range(5):
+        with pytest.raises(errors.AccountUnavailableError) as failed:
+            cache.session(ACCOUNT)
+    assert "AccessDenied" in str(failed.value)
+    assert len(sts.calls) == 1
+    sts.fail = False
+    fixed = AccountRef(ACCOUNT.name, ACCOUNT.account_id, ACCOUNT.role_arn + "2")
+    assert cache.session(fixed).access_key  # another role: no wait
+    cache.forget(ACCOUNT.name)
+    assert cache.session(ACCOUNT).access_key  # forgotten: no wait either
+    assert cache.total("error") == 1 and cache.total("ok") == 2
+
+
+def test_concurrent_first_uses_make_one_call():
+    sts = FakeSts()
+    cache = sessions(sts)
+    threads = [threading.Thread(target=cache.session, args=(ACCOUNT,)) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(sts.calls) == 1
