@@ -5,6 +5,10 @@
   while the cloud has nothing of that name and owner.
 Resources retained on purpose (deletionPolicy Retain) are leaks by this definition too:
 their CR is gone. They are listed with their tags so a platform engineer can decide.
+
+It looks in the operator's own account and in every CloudAccount (through its role), in each
+region in use there: the CloudAccount's `regions` when it lists them, else its default region,
+the operator's, and every region a resource of it names or lives in.
 """
 
 from __future__ import annotations
@@ -13,9 +17,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from provisioner import API_VERSION
+from provisioner import API_VERSION, accounts
 from provisioner.cloud import errors
-from provisioner.cloud.aws import classify
+from provisioner.cloud.assume import AccountRef
+from provisioner.cloud.aws import Aws, classify
 from provisioner.cloud.base import ErrorCodes, OwnedResource
 from provisioner.kinds import BY_KIND, KINDS, PLURALS
 from provisioner.kube import Kube
@@ -78,13 +83,47 @@ def custom_resources(kube: Kube) -> list[dict[str, Any]]:
     return items
 
 
+class InAccount:
+    """`Aws` acting in one CloudAccount: what `cloud_resources` needs."""
+
+    def __init__(self, aws: Aws, account: AccountRef) -> None:
+        self.aws, self.account, self.codes = aws, account, aws.codes
+
+    def client(self, service: str, region: str | None = None) -> Any:
+        return self.aws.client(service, region, self.account)
+
+    def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        return self.aws.call(fn, *args, **kwargs)
+
+
+def _regions_of(crs: list[dict[str, Any]], account: str) -> set[str]:
+    """The regions the resources that live in (or name) CloudAccount `account` use."""
+    found: set[str] = set()
+    for cr in crs:
+        status, spec = cr.get("status") or {}, cr.get("spec") or {}
+        if str(status.get("account", spec.get("account") or "")) != account:
+            continue
+        found |= {str(r) for r in (spec.get("region"), status.get("region")) if r}
+    return found
+
+
 def find(aws: Cloud, kube: Kube, cluster_id: str, region: str) -> list[Finding]:
     crs = custom_resources(kube)
-    # The operator's region and every region a CR names.
-    regions = sorted(
-        {region} | {str(cr["spec"]["region"]) for cr in crs if cr.get("spec", {}).get("region")}
-    )
-    cloud = cloud_resources(aws, cluster_id, regions=regions)
+    # The operator's own account: its region and every region a CR of it uses.
+    places: list[tuple[str, Cloud, list[str]]] = [
+        ("", aws, sorted({region} | _regions_of(crs, "")))
+    ]
+    if isinstance(aws, Aws):
+        listing = kube.request("GET", f"/apis/{API_VERSION}/{accounts.PLURAL}") or {}
+        for item in listing.get("items", []):
+            account = accounts.CloudAccount.from_body(item)
+            used = set(account.regions) or (
+                {account.default_region or region} | _regions_of(crs, account.name)
+            )
+            places.append((account.account_id, InAccount(aws, account.ref), sorted(used)))
+    cloud: list[tuple[str, OwnedResource]] = []
+    for account_id, where, in_regions in places:
+        cloud += [(account_id, r) for r in cloud_resources(where, cluster_id, regions=in_regions)]
     uids = {cr["metadata"]["uid"] for cr in crs}
     findings = [
         Finding(
@@ -92,12 +131,13 @@ def find(aws: Cloud, kube: Kube, cluster_id: str, region: str) -> list[Finding]:
             r.kind,
             r.name,
             f"owner {r.tags.get(NAMESPACE_TAG, '?')}/{r.tags.get(NAME_TAG, '?')} "
-            f"(uid {r.owner_uid or 'none'}) no longer exists",
+            f"(uid {r.owner_uid or 'none'}) no longer exists"
+            + (f"; in account {account_id}" if account_id else ""),
         )
-        for r in cloud
+        for account_id, r in cloud
         if r.owner_uid not in uids
     ]
-    by_owner = {(r.kind, r.name, r.owner_uid) for r in cloud}
+    by_owner = {(r.kind, r.name, r.owner_uid) for _, r in cloud}
     for cr in crs:
         status = cr.get("status") or {}
         name = status.get("externalName")

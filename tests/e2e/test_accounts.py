@@ -11,7 +11,10 @@ and read each account's resources with boto3 as that account.
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,7 +25,7 @@ import pytest
 
 from provisioner_dev.awslike import AwsLikeProxy
 from provisioner_dev.launch import OperatorProcess
-from provisioner_dev.stack import DEV_CREDENTIALS, DEV_REGION
+from provisioner_dev.stack import DEV_CREDENTIALS, DEV_REGION, aws_env
 from tests.conftest import TEST_CLOUD, TEST_RESYNC_SECONDS, Cluster, running_cluster
 from tests.helpers import (
     condition,
@@ -383,3 +386,40 @@ def test_assume_role_once_per_account_not_per_resource(env):
     assert calls == 3
     for ns in spaces:
         env.kube.kubectl("delete", "-n", ns, "queue", "--all")
+
+
+def test_leaks_looks_in_every_account(env):
+    """`provisioner leaks` finds a tagged queue whose CR is gone in a CloudAccount's account."""
+    a = f"team-a-{suffix()}"
+    namespace(env, a)
+    cloud_account(env, a, ACCOUNT_B, a, regions=["eu-west-1"])
+    orphan = f"orphan-{suffix()}"
+    env.as_account(ACCOUNT_B, "sqs", "eu-west-1").create_queue(
+        QueueName=orphan,
+        tags={
+            "provisioner.dev/cluster": "test",
+            "provisioner.dev/owner-uid": "00000000-gone",
+            "provisioner.dev/namespace": "gone",
+            "provisioner.dev/name": orphan,
+        },
+    )
+    found = subprocess.run(
+        [sys.executable, "-m", "provisioner", "leaks", "--cluster-id=test"],
+        env={
+            **os.environ,
+            **aws_env(env.proxy.url),
+            "KUBECONFIG": str(env.kube.stack.kubeconfig),
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert found.returncode == 1, found.stderr
+    (line,) = [line for line in found.stdout.splitlines() if orphan in line]
+    assert line.startswith("leaked") and f"in account {ACCOUNT_B}" in line, line
+    env.as_account(ACCOUNT_B, "sqs", "eu-west-1").delete_queue(
+        QueueUrl=env.as_account(ACCOUNT_B, "sqs", "eu-west-1").get_queue_url(QueueName=orphan)[
+            "QueueUrl"
+        ]
+    )
+    env.kube.kubectl("delete", "cloudaccount", a)

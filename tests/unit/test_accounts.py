@@ -211,3 +211,59 @@ def test_concurrent_first_uses_make_one_call():
     for t in threads:
         t.join()
     assert len(sts.calls) == 1
+
+
+# -- the reconciler with a directory -------------------------------------------------------
+
+
+def reconcile_queue(spec: dict[str, Any], labels: dict[str, str]) -> tuple[Any, Any, Any, Any]:
+    """One reconcile pass of a new Queue in namespace `ns` with `labels`."""
+    import asyncio
+
+    from provisioner import API_VERSION
+    from provisioner.config import Settings
+    from provisioner.reconcile import Reconciler
+    from tests.unit.fakes import FakeCloud, FakeKube
+
+    cloud, kube = FakeCloud("Queue"), FakeKube()
+    body = {
+        "apiVersion": API_VERSION,
+        "kind": "Queue",
+        "metadata": {"namespace": "ns", "name": "q", "uid": "uid-q", "generation": 1},
+        "spec": spec,
+    }
+    kube.resources[("Queue", "ns", "q")] = body
+    reconciler = Reconciler(
+        Settings(region="us-east-1", cluster_id="test", workers=2),
+        kube,  # type: ignore[arg-type]
+        {"Queue": cloud},  # type: ignore[dict-item]
+        lambda *_: None,
+        directory=directory({"ns": {"labels": labels}}, [TEAM_A]),
+        own_account=lambda: "123456789012",
+    )
+    try:
+        result, resource = asyncio.run(reconciler.reconcile(body, 0, None))
+    finally:
+        reconciler.executor.shutdown(wait=True)
+    return result, resource, cloud, kube
+
+
+def test_a_refused_account_costs_no_cloud_call():
+    result, _, cloud, kube = reconcile_queue({"account": "team-a"}, {"team": "b"})
+    synced = next(c for c in result.conditions if c.type == cond.SYNCED)
+    assert (synced.status, synced.reason) == (False, cond.ACCOUNT_NOT_ALLOWED)
+    assert cloud.calls == [] and kube.status_patches == []
+    assert result.requeue_after is not None
+
+
+def test_the_account_is_recorded_before_the_create_call_and_reaches_the_client():
+    result, resource, cloud, kube = reconcile_queue({"account": "team-a"}, {"team": "a"})
+    assert resource.account is not None and resource.account.role_arn.endswith(":role/provisioner")
+    assert resource.region == "eu-west-1"
+    assert kube.status_patches[0][2] == {
+        "account": "team-a",
+        "accountId": "111111111111",
+        "region": "eu-west-1",
+    }
+    assert [c.method for c in cloud.calls][:2] == ["observe", "create"]
+    assert result.fields["accountId"] == "111111111111"
