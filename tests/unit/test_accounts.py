@@ -236,7 +236,7 @@ def reconcile_queue(spec: dict[str, Any], labels: dict[str, str]) -> tuple[Any, 
     reconciler = Reconciler(
         Settings(region="us-east-1", cluster_id="test", workers=2),
         kube,  # type: ignore[arg-type]
-        {"Queue": cloud},  # type: ignore[dict-item]
+        {"Queue": cloud},
         lambda *_: None,
         directory=directory({"ns": {"labels": labels}}, [TEAM_A]),
         own_account=lambda: "123456789012",
