@@ -200,6 +200,17 @@ def granted(kube, release: Release, baseline: str, namespace: str) -> set[tuple[
     return mine - nobody
 
 
+# CloudAccounts and namespaces are cluster-scoped: every operator reads them (which account a
+# namespace may use); only a cluster-wide one keeps CloudAccounts' finalizer and status.
+ACCOUNT_READS = {(f"cloudaccounts.{GROUP}", "", v) for v in ("get", "list", "watch")} | {
+    ("namespaces", "", v) for v in ("get", "list", "watch")
+}
+ACCOUNT_WRITES = {
+    (f"cloudaccounts.{GROUP}", "", "patch"),
+    (f"cloudaccounts/status.{GROUP}", "", "patch"),
+}
+
+
 def operator_rules(peering_plural: str | None) -> set[tuple[str, str, str]]:
     expected = set()
     for kind in KINDS:
@@ -231,7 +242,8 @@ def test_template_renders_and_the_crds_are_accepted_by_the_apiserver(kube, helm,
     docs = [d for d in yaml.safe_load_all(result.stdout) if d]
     crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
     assert sorted(d["metadata"]["name"] for d in crds) == sorted(
-        [f"{k}.{GROUP}" for k in KINDS] + ["clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"]
+        [f"{k}.{GROUP}" for k in (*KINDS, "cloudaccounts")]
+        + ["clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"]
     )
     path = tmp_path / "crds.yaml"
     path.write_text(yaml.safe_dump_all(crds))
@@ -279,16 +291,26 @@ def test_namespaced_install_creates_only_namespaced_rbac(kube, namespaced):
         }
     ]
     kube.kubectl("get", "kopfpeering.kopf.dev", PEERING, "-n", own)
+    # Cluster-wide: only reading CloudAccounts and namespaces (bound), and the account-admin
+    # role for platform admins (bound to nobody).
     selector = f"app.kubernetes.io/instance={name}"
-    cluster_scoped = kube.kubectl("get", "clusterroles,clusterrolebindings", "-l", selector)
-    assert not cluster_scoped.stdout.strip()
+    cluster_scoped = kube.kubectl(
+        "get", "clusterroles,clusterrolebindings", "-l", selector, "-o", "name"
+    ).stdout.split()
+    assert sorted(cluster_scoped) == sorted(
+        [
+            f"clusterrole.rbac.authorization.k8s.io/{full}-accounts",
+            f"clusterrole.rbac.authorization.k8s.io/{full}-account-admin",
+            f"clusterrolebinding.rbac.authorization.k8s.io/{full}-accounts",
+        ]
+    )
 
 
 # Least privilege ---------------------------------------------------------------------------
 
 
 def test_cluster_wide_token_has_exactly_the_operator_rules(kube, cluster_wide, baseline, namespace):
-    expected = operator_rules("clusterkopfpeerings")
+    expected = operator_rules("clusterkopfpeerings") | ACCOUNT_READS | ACCOUNT_WRITES
     assert granted(kube, cluster_wide, baseline, namespace) == expected
     assert granted(kube, cluster_wide, baseline, "kube-system") == expected
 
@@ -327,7 +349,10 @@ def test_cluster_wide_token_cannot_do_anything_else(kube, cluster_wide, namespac
         ("patch", "events", *ns),
         ("create", "serviceaccounts/token", *ns),
         ("delete", "namespaces"),
-        ("list", "namespaces"),
+        ("patch", "namespaces"),
+        ("create", f"cloudaccounts.{GROUP}"),
+        ("update", f"cloudaccounts.{GROUP}"),
+        ("delete", f"cloudaccounts.{GROUP}"),
         ("get", "nodes"),
         ("create", "customresourcedefinitions.apiextensions.k8s.io"),
         ("update", "customresourcedefinitions.apiextensions.k8s.io"),
@@ -350,9 +375,11 @@ def test_namespaced_token_has_exactly_the_operator_rules_in_its_namespace_only(
     kube, namespaced, baseline, namespace
 ):
     own = namespaced.watched
-    assert granted(kube, namespaced, baseline, own) == operator_rules("kopfpeerings")
+    assert (
+        granted(kube, namespaced, baseline, own) == operator_rules("kopfpeerings") | ACCOUNT_READS
+    )
     for elsewhere in (namespace, "kube-system", "default", namespaced.namespace):
-        assert granted(kube, namespaced, baseline, elsewhere) == set(), elsewhere
+        assert granted(kube, namespaced, baseline, elsewhere) == ACCOUNT_READS, elsewhere
 
 
 def test_namespaced_token_cannot_reach_outside_its_namespace(kube, namespaced, namespace):
@@ -374,7 +401,9 @@ def test_namespaced_token_cannot_reach_outside_its_namespace(kube, namespaced, n
         ("list", "clusterkopfpeerings.kopf.dev"),
         ("create", "pods", *own),
         ("delete", "namespaces"),
-        ("list", "namespaces"),
+        ("patch", "namespaces"),
+        ("patch", f"cloudaccounts.{GROUP}"),
+        ("patch", f"cloudaccounts.{GROUP}", "--subresource=status"),
         ("delete", "customresourcedefinitions.apiextensions.k8s.io"),
         ("create", "rolebindings.rbac.authorization.k8s.io", *own),
     ]
