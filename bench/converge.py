@@ -77,6 +77,13 @@ def parse_args(argv: list[str] | None) -> Options:
     even = ":".join("1" for _ in MIX_NAMES.split(":"))
     p.add_argument("--mix", default=even, help=f"{MIX_NAMES} weights (default {even})")
     p.add_argument("--namespaces", type=int, default=10, help="spread over this many (10)")
+    p.add_argument(
+        "--accounts",
+        type=int,
+        default=0,
+        help="spread the namespaces over this many CloudAccounts (default 0: the operator's "
+        "own account); needs --changes 0",
+    )
     p.add_argument("--idle", type=float, default=60, help="idle phase seconds (default 60)")
     p.add_argument(
         "--restart",
@@ -133,6 +140,8 @@ def parse_args(argv: list[str] | None) -> Options:
     a = p.parse_args(argv)
     if a.n < 1 or a.namespaces < 1:
         p.error("--n and --namespaces must be >= 1")
+    if a.accounts < 0 or (a.accounts and a.changes):
+        p.error("--accounts needs --changes 0 (changes are checked in the operator's account)")
     parse_cloud_profile(a.cloud_profile, a.time_scale, a.duration, a.throttle)
     # Every option's dest is a field of Options.
     return Options(**{**vars(a), "py_spy": a.py_spy.resolve() if a.py_spy else None})
@@ -211,6 +220,13 @@ def main(argv: list[str] | None = None) -> int:
         if profile:
             print()
             print(profile_text(profile))
+        if "assume_role_calls" in results:
+            restarts = 1 if opts.restart > 0 else 0
+            print(
+                f"AssumeRole calls: {results['assume_role_calls']} for {opts.n} CRs over "
+                f"{opts.accounts} accounts ({1 + restarts} operator process"
+                f"{'es' if restarts else ''})"
+            )
         for problem in bench.timeouts + bench.errors[:10]:
             print(f"FAILED: {problem}")
         if leaked and "cloud_resources_left" in results:

@@ -168,6 +168,11 @@ class Directory:
 
     # -- read by the reconciler (blocking: runs on the cloud thread pool) -------------
 
+    def in_use(self) -> bool:
+        """Whether any CloudAccount is known (then where a resource lives must be pinned)."""
+        with self._lock:
+            return bool(self.accounts)
+
     def account(self, name: str) -> CloudAccount | None:
         with self._lock:
             known = self.accounts.get(name)

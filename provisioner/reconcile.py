@@ -697,7 +697,13 @@ class Reconciler:
         """Create the cloud resource (safe to repeat after a crash) and observe it again."""
         name = resource.external_name
         unnamed = not client.tags_on_create and resource.status.get("externalName") != name
-        unplaced = self.directory is not None and "account" not in resource.status
+        # Pinned before the call once the cluster has CloudAccounts at all: a cluster without
+        # any pays no extra write per create (its resources can only live in one account).
+        unplaced = (
+            self.directory is not None
+            and "account" not in resource.status
+            and self.directory.in_use()
+        )
         if unnamed or unplaced:
             # Recorded before the call. The account and region: a resource never moves, even
             # if its namespace's default account changes after a crash right after the

@@ -32,7 +32,13 @@ class DevCloud:
     in moto's recording with it).
     """
 
-    def __init__(self, endpoint_url: str, *, user_agent: str | None = None) -> None:
+    def __init__(
+        self,
+        endpoint_url: str,
+        *,
+        user_agent: str | None = None,
+        credentials: dict[str, str] | None = None,
+    ) -> None:
         self.endpoint_url = endpoint_url
         self.config = botocore.config.Config(
             user_agent_extra=user_agent,
@@ -40,9 +46,15 @@ class DevCloud:
             max_pool_connections=32,
             s3={"addressing_style": "path"},
         )
+        # Another account's: AssumeRole's answer (moto acts in the role's account).
+        keys = credentials or {
+            "AccessKeyId": DEV_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+            "SecretAccessKey": DEV_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+        }
         self._session = boto3.session.Session(
-            aws_access_key_id=DEV_CREDENTIALS["AWS_ACCESS_KEY_ID"],
-            aws_secret_access_key=DEV_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+            aws_access_key_id=keys["AccessKeyId"],
+            aws_secret_access_key=keys["SecretAccessKey"],
+            aws_session_token=keys.get("SessionToken"),
             region_name=DEV_REGION,
         )
         self._lock = threading.Lock()
@@ -64,6 +76,18 @@ class DevCloud:
             return fn(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - classified right here
             raise classify(exc, self.codes) from None
+
+
+def in_account(
+    endpoint_url: str, account_id: str, role: str, *, user_agent: str | None = None
+) -> DevCloud:
+    """A DevCloud acting in `account_id` through `role` there (moto: any role may be assumed,
+    existing or not; the aws-like proxy in front of it refuses a role that does not exist)."""
+    sts = DevCloud(endpoint_url, user_agent=user_agent).client("sts")
+    answer = sts.assume_role(
+        RoleArn=f"arn:aws:iam::{account_id}:role/{role}", RoleSessionName="provisioner-dev"
+    )
+    return DevCloud(endpoint_url, user_agent=user_agent, credentials=answer["Credentials"])
 
 
 def inventory(

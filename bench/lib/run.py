@@ -25,11 +25,16 @@ from bench.lib.recording import BENCH_USER_AGENT, Recording
 from bench.lib.synced import SyncedWatch
 from bench.lib.workload import KINDS, PLURALS, Lister, plan
 from provisioner import API_VERSION, GROUP
-from provisioner_dev.cloud import DevCloud, inventory
+from provisioner_dev.cloud import DevCloud, in_account, inventory
 from provisioner_dev.kubejson import KubeJson
 from provisioner_dev.launch import Stack
 
 HASH_ANNOTATION = f"{GROUP}/content-hash"
+# Who may assume the bench's roles: the operator's own (moto's default) account.
+TRUST = (
+    '{"Version":"2012-10-17","Statement":[{"Effect":"Allow",'
+    '"Principal":{"AWS":"arn:aws:iam::123456789012:root"},"Action":"sts:AssumeRole"}]}'
+)
 
 
 @dataclass
@@ -54,6 +59,8 @@ class Options:
     workdir: Path | None
     # The cloud: instant (moto as it is) or aws-like (provisioner_dev/awslike.py in front).
     cloud_profile: str = "instant"
+    # CloudAccounts to spread the namespaces over (0: the operator's own account only).
+    accounts: int = 0
     time_scale: str | None = None
     duration: list[str] = field(default_factory=list)
     throttle: list[str] = field(default_factory=list)
@@ -78,6 +85,9 @@ class Bench:
         # The bench's own checks go to moto directly: never throttled, never delayed, and
         # no draw on the operator's buckets.
         self.cloud = DevCloud(stack.cloud.url, user_agent=BENCH_USER_AGENT)
+        # With --accounts: the accounts' ids, and the bench's view of each.
+        self.account_ids = [f"{100000000001 + i}" for i in range(opts.accounts)]
+        self.account_clouds: list[DevCloud] = []
         # With the aws-like cloud: every Synced=False the CRs show, phase by phase.
         self.synced: SyncedWatch | None = None
         if stack.awslike is not None:
@@ -98,6 +108,7 @@ class Bench:
         return operator_pid(self.stack)
 
     def run(self) -> None:
+        start = self.recording.mark()
         try:
             ok = create.phase(self)
             if ok and not self.errors:
@@ -114,6 +125,9 @@ class Bench:
             self.enter("delete")
             phases.delete(self)
             self.finish()
+            if self.account_ids:
+                calls = self.recording.calls(start, self.recording.mark())["by_action"]
+                self.results["assume_role_calls"] = calls.get("sts:AssumeRole", 0)
         finally:
             if self.synced is not None:
                 self.synced.stop()
@@ -165,6 +179,7 @@ class Bench:
         self.results["operator_watching_after_s"] = round(time.monotonic() - started, 2)
         # moto imports a service's backend on its first request (RDS: about 1 s).
         inventory(self.cloud)
+        self.create_accounts()
         self.create_namespaces()
         if self.stack.awslike is not None:
             # Counted from the first create on: the operator made no call before it.
@@ -182,8 +197,13 @@ class Bench:
         operator, so the timed creates measure a warm API server, as in a real cluster.
         """
         started = time.monotonic()
-        for ns in self.ns_names:
-            self.api.json("POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
+        for j, ns in enumerate(self.ns_names):
+            meta: dict[str, Any] = {"name": ns}
+            if self.account_ids:
+                i = j % len(self.account_ids)
+                meta["labels"] = {"bench-account": f"acc-{i}"}
+                meta["annotations"] = {f"{GROUP}/default-account": f"bench-acc-{i}"}
+            self.api.json("POST", "/api/v1/namespaces", {"metadata": meta})
         for ns in self.ns_names:
             for kind in sorted({cr.kind for cr in self.crs}):
                 cr = next(c for c in self.crs if c.kind == kind)
@@ -191,6 +211,27 @@ class Bench:
                 path = f"/apis/{API_VERSION}/namespaces/{ns}/{cr.plural}?dryRun=All"
                 self.api.json("POST", path, body)
         self.results["warm_up_seconds"] = round(time.monotonic() - started, 2)
+
+    def create_accounts(self) -> None:
+        """With --accounts: a role in each account (in moto's IAM there) and a CloudAccount
+        selecting every --accounts-th namespace, which names it as its default."""
+        for i, account in enumerate(self.account_ids):
+            cloud = in_account(
+                self.stack.cloud.url, account, "bench-setup", user_agent=BENCH_USER_AGENT
+            )
+            cloud.client("iam").create_role(RoleName="provisioner", AssumeRolePolicyDocument=TRUST)
+            self.account_clouds.append(cloud)
+            body = {
+                "apiVersion": API_VERSION,
+                "kind": "CloudAccount",
+                "metadata": {"name": f"bench-acc-{i}"},
+                "spec": {
+                    "accountId": account,
+                    "roleArn": f"arn:aws:iam::{account}:role/provisioner",
+                    "namespaceSelector": {"matchLabels": {"bench-account": f"acc-{i}"}},
+                },
+            }
+            self.api.json("POST", f"/apis/{API_VERSION}/cloudaccounts", body)
 
     def events_by_reason(self) -> dict[str, int]:
         """Events in the bench namespaces by `component: type reason` (who posted what)."""
@@ -225,7 +266,7 @@ class Bench:
         ]
 
     def cloud_left(self) -> dict[str, int]:
-        by_kind = Counter(r.kind for r in inventory(self.cloud))
+        by_kind = Counter(r.kind for c in [self.cloud, *self.account_clouds] for r in inventory(c))
         snapshots = 0
         for page in self.cloud.client("rds").get_paginator("describe_db_snapshots").paginate():
             snapshots += len(page.get("DBSnapshots") or [])
