@@ -423,3 +423,58 @@ def test_leaks_looks_in_every_account(env):
         ]
     )
     env.kube.kubectl("delete", "cloudaccount", a)
+
+
+def test_killed_right_after_a_create_then_the_namespace_default_changes(env):
+    """SIGKILL right after the cloud's create call returned, before any status of the pass;
+    meanwhile the namespace's default account changes. The restarted operator finds the queue
+    where it was created (its account was recorded before the call): one queue, in the first
+    account, none in the second. A new resource then goes to the new default."""
+    a, b = f"team-a-{suffix()}", f"team-b-{suffix()}"
+    ns = namespace(env, a, {"cloud.provisioner.dev/default-account": a})
+    env.kube.kubectl("label", "namespace", ns, f"team-b={b}")
+    cloud_account(env, a, ACCOUNT_A, a)
+    env.kube.kubectl(
+        "apply",
+        "-f",
+        "-",
+        input=json.dumps(
+            {
+                "apiVersion": "cloud.provisioner.dev/v1alpha1",
+                "kind": "CloudAccount",
+                "metadata": {"name": b},
+                "spec": {
+                    "accountId": ACCOUNT_B,
+                    "roleArn": f"arn:aws:iam::{ACCOUNT_B}:role/{ROLE}",
+                    "namespaceSelector": {"matchLabels": {"team-b": b}},
+                },
+            }
+        ),
+    )
+    env.operator.stop()
+    doomed = env.kube.stack.start_operator(
+        endpoint_url=env.proxy.url,
+        log=env.kube.dir / f"operator-doomed-{ns}.log",
+        args=[f"--resync-seconds={TEST_RESYNC_SECONDS}"],
+        cluster_id="test",
+        env={"PROVISIONER_CRASHPOINTS": "after-create"},
+    )
+    try:
+        apply_in(env, ns, [("Queue", "q", "{}")])
+        wait_for(lambda: doomed.proc.poll() is not None, timeout=60, what="the operator killed")
+        assert doomed.proc.returncode == -9
+        doomed.proc = None
+        assert [u for u in queues_in(env, ACCOUNT_A) if ns in u], "the create call was made"
+        env.kube.kubectl(
+            "annotate", "namespace", ns, f"cloud.provisioner.dev/default-account={b}", "--overwrite"
+        )
+    finally:
+        env.operator.start()
+    obj = wait_ready(env.kube, "Queue", ns, "q", timeout=60)
+    assert obj["status"]["accountId"] == ACCOUNT_A and obj["status"]["account"] == a
+    assert len([u for u in queues_in(env, ACCOUNT_A) if ns in u]) == 1
+    assert [u for u in queues_in(env, ACCOUNT_B) if ns in u] == []
+    apply_in(env, ns, [("Queue", "later", "{}")])
+    assert wait_ready(env.kube, "Queue", ns, "later")["status"]["accountId"] == ACCOUNT_B
+    env.kube.kubectl("delete", "-n", ns, "queue", "--all")
+    assert wait_for(lambda: not names_everywhere(env, ns), timeout=60, what="both queues gone")
