@@ -35,7 +35,7 @@ if str(ROOT) not in sys.path:
 from bench.lib.synced import SyncedWatch, describe  # noqa: E402
 from provisioner import API_VERSION  # noqa: E402
 from provisioner.kinds import KINDS as REGISTERED  # noqa: E402
-from provisioner_dev.cloud import DevCloud, by_owner, inventory  # noqa: E402
+from provisioner_dev.cloud import DevCloud, by_owner, in_account, inventory  # noqa: E402
 from provisioner_dev.cloudprofile import (  # noqa: E402
     PROFILES,
     CloudProfile,
@@ -83,6 +83,9 @@ class Soak:
         self.stop_killing = threading.Event()
         self.figures: Counter[str] = Counter()
         self.names: list[tuple[str, str, str]] = []  # (kind, namespace, name)
+        # --accounts: the CloudAccounts' ids, and a view of each account's cloud.
+        self.account_ids = [f"{100000000001 + i}" for i in range(args.accounts)]
+        self.account_clouds: list[DevCloud] = []
 
     # -- plumbing -----------------------------------------------------------------
 
@@ -116,7 +119,11 @@ class Soak:
     def owners(self) -> Counter[str]:
         """owner-uid -> number of cloud resources carrying it (our cluster only)."""
         assert self.cloud is not None
-        return by_owner(inventory(self.cloud, cluster_id=CLUSTER_ID))
+        return by_owner(
+            r
+            for cloud in (self.cloud, *self.account_clouds)
+            for r in inventory(cloud, cluster_id=CLUSTER_ID)
+        )
 
     def listing(self) -> list[dict]:
         assert self.api is not None
@@ -126,6 +133,30 @@ class Soak:
             for item in self.api.list_items(f"/apis/{API_VERSION}/{plural}")
         ]
 
+    def create_accounts(self) -> None:
+        """--accounts: a role in each account and a CloudAccount for every K-th namespace."""
+        for i, account in enumerate(self.account_ids):
+            cloud = in_account(self.stack.cloud.url, account, "soak-setup")
+            cloud.client("iam").create_role(
+                RoleName="provisioner",
+                AssumeRolePolicyDocument=(
+                    '{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Principal":'
+                    '{"AWS":"arn:aws:iam::123456789012:root"},"Action":"sts:AssumeRole"}]}'
+                ),
+            )
+            self.account_clouds.append(cloud)
+            self.kubectl(
+                "apply",
+                "-f",
+                "-",
+                input=(
+                    f"apiVersion: {API_VERSION}\nkind: CloudAccount\nmetadata:\n"
+                    f"  name: soak-acc-{i}\nspec:\n  accountId: '{account}'\n"
+                    f"  roleArn: arn:aws:iam::{account}:role/provisioner\n"
+                    f"  namespaceSelector: {{matchLabels: {{soak-account: acc-{i}}}}}\n"
+                ),
+            )
+
     # -- phases -------------------------------------------------------------------
 
     def create(self) -> None:
@@ -133,6 +164,15 @@ class Soak:
         kinds = list(KINDS)
         for i in range(ns_count):
             self.kubectl("create", "namespace", f"soak-{i}")
+            if self.account_ids:
+                a = i % len(self.account_ids)
+                self.kubectl("label", "namespace", f"soak-{i}", f"soak-account=acc-{a}")
+                self.kubectl(
+                    "annotate",
+                    "namespace",
+                    f"soak-{i}",
+                    f"{API_VERSION.split('/')[0]}/default-account=soak-acc-{a}",
+                )
         self.names = [(kinds[i % len(kinds)], f"soak-{i % ns_count}", f"r{i}") for i in range(n)]
         invalid = [INVALID[i % len(INVALID)] for i in range(self.args.invalid)]
         batches = [self.names[i : i + 20] for i in range(0, n, 20)]
@@ -194,6 +234,7 @@ class Soak:
         self.stack.start()
         self.api = KubeJson(self.stack.kubeconfig, transient_seconds=60)
         self.cloud = DevCloud(self.stack.cloud.url)
+        self.create_accounts()
         self.stack.start_operator(args=["--resync-seconds=30"], cluster_id=CLUSTER_ID, timeout=120)
         namespaces = {f"soak-{i}" for i in range(self.args.namespaces)}
         synced = self.synced = SyncedWatch(
@@ -212,6 +253,9 @@ class Soak:
         uids = {item["metadata"]["uid"] for item in self.listing()}
         self.figures["duplicates"] = sum(n - 1 for uid, n in owners.items() if n > 1)
         self.figures["missing cloud resources"] = len(uids - set(owners))
+        self.figures["in cloud accounts"] = sum(
+            len(inventory(c, cluster_id=CLUSTER_ID)) for c in self.account_clouds
+        )
         self.figures["secrets missing"] = sum(
             1
             for item in self.listing()
@@ -296,6 +340,7 @@ class Soak:
             profile = f"{cloud['profile']}, time scale {cloud['time_scale']:g}"
         rows = [
             ("CRs", f"{n} ({self.args.namespaces} namespaces, even mix of {len(KINDS)} kinds)"),
+            ("AWS accounts", str(len(self.account_ids) or "the operator's own")),
             ("cloud profile", profile),
             ("operator kills (SIGKILL)", str(self.kills)),
             ("API-server restarts", str(self.figures["apiserver restarts"])),
@@ -384,6 +429,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--invalid", type=int, default=50)
     parser.add_argument("--timeout", type=float, default=900.0, help="per phase")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--accounts",
+        type=int,
+        default=0,
+        help="spread the namespaces over this many CloudAccounts (default 0: the operator's own)",
+    )
     parser.add_argument("--json", help="also write the figures here")
     parser.add_argument("--keep", action="store_true", help="keep the data directory")
     parser.add_argument(

@@ -22,7 +22,7 @@ from provisioner_dev.stack import DEV_CREDENTIALS, DEV_REGION
 
 T = TypeVar("T")
 
-__all__ = ["DevCloud", "OwnedResource", "by_owner", "inventory"]
+__all__ = ["DevCloud", "OwnedResource", "by_owner", "in_account", "inventory"]
 
 
 class DevCloud:

@@ -1,4 +1,5 @@
-"""A short soak inside the suite, so that bench/soak.py cannot rot."""
+"""A short soak inside the suite, so that bench/soak.py cannot rot: with two CloudAccounts,
+so that kills, faults and an API-server restart are survived in other accounts too."""
 
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ def test_short_soak_has_no_duplicates_leaks_or_stuck_resources(tmp_path):
             "5",
             "--fault-rate",
             "0.3",
+            "--accounts",
+            "2",
             "--timeout",
             "240",
             "--json",
@@ -49,7 +52,8 @@ def test_short_soak_has_no_duplicates_leaks_or_stuck_resources(tmp_path):
     data = json.loads(figures.read_text())
     assert data["kills"] == 2
     assert data["duplicates"] == data["leaks"] == data["stuck terminating"] == 0
-    assert data["secrets missing"] == 0
+    assert data["secrets missing"] == data["missing cloud resources"] == 0
+    assert data["in cloud accounts"] == 12  # both namespaces default to a CloudAccount
     assert data["invalid refused"] == data["invalid applied"] == 5
     assert data["aws"]["injected"] > 0
     assert "time taken" in result.stdout
