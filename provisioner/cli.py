@@ -93,6 +93,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if settings.metrics_port:
         from provisioner import metrics
 
+        aws.sessions.listeners.append(
+            lambda account, outcome: metrics.ASSUME_ROLE.labels(account, outcome).inc()
+        )
         metrics.serve(settings.metrics_port)
     registry = kopf.OperatorRegistry()
     register(registry, reconciler, settings, aws)

@@ -25,8 +25,10 @@ import pytest
 
 from provisioner_dev.awslike import AwsLikeProxy
 from provisioner_dev.launch import OperatorProcess
+from provisioner_dev.processes import free_port
 from provisioner_dev.stack import DEV_CREDENTIALS, DEV_REGION, aws_env
 from tests.conftest import TEST_CLOUD, TEST_RESYNC_SECONDS, Cluster, running_cluster
+from tests.e2e.test_observability import sample, scrape
 from tests.helpers import (
     condition,
     events,
@@ -65,6 +67,7 @@ class Env:
     kube: Cluster
     proxy: AwsLikeProxy
     operator: OperatorProcess
+    metrics_port: int
 
     def as_account(self, account: str, service: str, region: str = DEV_REGION) -> Any:
         """A boto3 client acting in `account`, straight to moto (not through the proxy)."""
@@ -102,13 +105,14 @@ def env() -> Iterator[Env]:
             log=kube.dir / "awslike.log",
         )
         proxy.start()
+        port = free_port()
         operator = kube.stack.start_operator(
             endpoint_url=proxy.url,
             log=kube.dir / "operator-accounts.log",
-            args=[f"--resync-seconds={TEST_RESYNC_SECONDS}"],
+            args=[f"--resync-seconds={TEST_RESYNC_SECONDS}", f"--metrics-port={port}"],
             cluster_id="test",
         )
-        e = Env(kube, proxy, operator)
+        e = Env(kube, proxy, operator, port)
         for account in (ACCOUNT_A, ACCOUNT_B, ACCOUNT_C):
             iam = e.as_account(account, "iam")
             iam.create_role(RoleName=ROLE, AssumeRolePolicyDocument=TRUST)
@@ -384,6 +388,12 @@ def test_assume_role_once_per_account_not_per_resource(env):
     calls = env.assume_role_calls() - before
     print(f"AssumeRole calls for 30 queues over 3 accounts, Ready and resynced: {calls}")
     assert calls == 3
+    # The operator's own count says the same, per CloudAccount.
+    samples = scrape(env.metrics_port)
+    for name in names:
+        assert (
+            sample(samples, "provisioner_assume_role_total", cloudaccount=name, outcome="ok") == 1
+        )
     for ns in spaces:
         env.kube.kubectl("delete", "-n", ns, "queue", "--all")
 
