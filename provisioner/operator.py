@@ -286,7 +286,7 @@ def register(
             # A changed spec or annotation is an update, a deletion a delete: handled now.
             resource = reconciler.resource(raw)
             if reconciler.at_rest(resource, raw):
-                delay = scheduler.track_resumed(resource)
+                delay = scheduler.track_resumed(reconciler.known_placement(resource))
                 metrics.CONDITIONS.record(
                     resource.uid,
                     resource.kind,
@@ -323,6 +323,7 @@ def register(
         """Report one resync pass: Events, metrics, the status patch (inside its lock)."""
         raw = dict(body)
         resource = outcome[1]
+        scheduler.track(resource)  # where it lives, as this pass placed it
         if status := _report(reconciler, raw, outcome, started):
             await reconciler.in_thread(
                 reconciler.kube.patch_status,

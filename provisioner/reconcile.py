@@ -263,6 +263,21 @@ class Reconciler:
             resource, region=placement.region, account=account.ref if account else None
         )
 
+    def known_placement(self, resource: Resource) -> Resource:
+        """Where a resource that already lives somewhere is, from its status and the
+        CloudAccounts already known (no API call): for the resync schedule of one at rest
+        after a restart. Unknown: the resource as it is (its first pass places it)."""
+        if self.directory is None or "account" not in resource.status:
+            return resource
+        name = str(resource.status.get("account") or "")
+        account = self.directory.accounts.get(name) if name else None
+        if name and account is None:
+            return resource
+        region = resource.spec_region or str(resource.status.get("region") or resource.region)
+        return dataclasses.replace(
+            resource, region=region, account=account.ref if account else None
+        )
+
     def _account_id(self, resource: Resource) -> str:
         if resource.account is not None:
             return resource.account.account_id
@@ -537,6 +552,8 @@ class Reconciler:
                 result = self._failure(resource, exc, 0)
                 result.events[:0] = events
             self._note_refusal(resource, result)
+            if result.requeue_after is None:
+                self.requeued.discard(uid)  # done: its periodic resync may look again
             await report(body, (result, resource), started)
             return result.requeue_after
 

@@ -267,3 +267,35 @@ def test_the_account_is_recorded_before_the_create_call_and_reaches_the_client()
     }
     assert [c.method for c in cloud.calls][:2] == ["observe", "create"]
     assert result.fields["accountId"] == "111111111111"
+
+
+def test_a_resumed_resource_is_scheduled_where_its_status_says_it_lives():
+    """Calm restart: a resource at rest is not placed (no API call) but its resync schedule
+    (and the batched describe) must use its recorded account and region."""
+    from provisioner import API_VERSION, kinds
+    from provisioner.config import Settings
+    from provisioner.reconcile import Reconciler
+
+    d = directory({}, [TEAM_A])
+    d.account_seen(TEAM_A)
+    reconciler = Reconciler(
+        Settings(region="us-east-1", cluster_id="test", workers=1),
+        None,
+        {},
+        lambda *_: None,
+        directory=d,
+    )
+    body = {
+        "apiVersion": API_VERSION,
+        "kind": "DatabaseInstance",
+        "metadata": {"namespace": "ns", "name": "db", "uid": "u", "generation": 1},
+        "spec": {"engine": "postgres", "instanceClass": "db.t3.micro"},
+        "status": {"account": "team-a", "region": "eu-west-1", "externalName": "x"},
+    }
+    placed = reconciler.known_placement(kinds.parse(body, region="us-east-1", cluster_id="t"))
+    assert placed.account is not None and placed.account.account_id == "111111111111"
+    assert placed.region == "eu-west-1"
+    body["status"] = {"externalName": "x"}  # from before CloudAccounts: as it is
+    as_is = reconciler.known_placement(kinds.parse(body, region="us-east-1", cluster_id="t"))
+    assert as_is.account is None and as_is.region == "us-east-1"
+    reconciler.executor.shutdown()
