@@ -7,6 +7,7 @@ are on what boto3 sees; `moto` (boto3 straight at moto's server) shows what is s
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -300,10 +301,37 @@ def test_s3_refuses_a_deleted_buckets_name_for_a_while(proxy):
     )
 
 
-def assumed_role_credentials(url: str) -> dict[str, str]:
-    """Credentials moto files under another account (111122223333)."""
+TRUST_ANYONE = json.dumps(
+    {
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Principal": {"AWS": "*"}, "Action": "sts:AssumeRole"}],
+    }
+)
+
+
+def create_role(moto_url: str, account: str, role: str, trust: str = TRUST_ANYONE) -> str:
+    """A role in `account`'s IAM, made straight at moto (which lets anyone assume anything)."""
+    found = client("sts", moto_url).assume_role(
+        RoleArn=f"arn:aws:iam::{account}:role/setup", RoleSessionName="setup"
+    )["Credentials"]
+    iam = client(
+        "iam",
+        moto_url,
+        aws_access_key_id=found["AccessKeyId"],
+        aws_secret_access_key=found["SecretAccessKey"],
+        aws_session_token=found["SessionToken"],
+    )
+    try:
+        iam.create_role(RoleName=role, AssumeRolePolicyDocument=trust)
+    except iam.exceptions.EntityAlreadyExistsException:
+        pass
+    return f"arn:aws:iam::{account}:role/{role}"
+
+
+def assumed_role_credentials(url: str, moto_url: str) -> dict[str, str]:
+    """Credentials moto files under another account (111122223333), assumed through `url`."""
     sts = client("sts", url)
-    role = "arn:aws:iam::111122223333:role/awslike-test"
+    role = create_role(moto_url, "111122223333", "awslike-test")
     found = sts.assume_role(RoleArn=role, RoleSessionName="awslike-test")["Credentials"]
     return {
         "aws_access_key_id": found["AccessKeyId"],
@@ -312,7 +340,37 @@ def assumed_role_credentials(url: str) -> dict[str, str]:
     }
 
 
-def test_rds_throttles_per_account_and_action_with_its_own_code(tight):
+def test_assume_role_is_refused_as_aws_refuses_it(proxy, moto_url):
+    """AccessDenied (403) for a role that does not exist in its account, or an ExternalId its
+    trust policy does not name; granted otherwise, in the role's account."""
+    sts = client("sts", proxy.url)
+    missing = f"arn:aws:iam::111122223333:role/{name('missing')}"
+    with pytest.raises(botocore.exceptions.ClientError) as refused:
+        sts.assume_role(RoleArn=missing, RoleSessionName="t1")
+    assert refused.value.response["Error"]["Code"] == "AccessDenied"
+    assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+    assert "not authorized to perform: sts:AssumeRole" in str(refused.value)
+    trust = json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Principal": {"AWS": "*"},
+                    "Action": "sts:AssumeRole",
+                    "Condition": {"StringEquals": {"sts:ExternalId": "right-one"}},
+                }
+            ],
+        }
+    )
+    role = create_role(moto_url, "111122223333", name("ext"), trust)
+    with pytest.raises(botocore.exceptions.ClientError):
+        sts.assume_role(RoleArn=role, RoleSessionName="t2", ExternalId="wrong-one")
+    granted = sts.assume_role(RoleArn=role, RoleSessionName="t3", ExternalId="right-one")
+    assert granted["AssumedRoleUser"]["Arn"].startswith("arn:aws:sts::111122223333:assumed-role/")
+
+
+def test_rds_throttles_per_account_and_action_with_its_own_code(tight, moto_url):
     rds = client("rds", tight.url)
     before = tight.stats()["throttles_by_action"].get("rds.DescribeDBInstances", 0)
     answers = []
@@ -326,7 +384,7 @@ def test_rds_throttles_per_account_and_action_with_its_own_code(tight):
     assert answers[:3] == ["ok"] * 3  # the burst
     assert ("Throttling", 400) in answers[3:]
     rds.describe_db_snapshots()  # another action: a bucket of its own
-    other = client("rds", tight.url, **assumed_role_credentials(tight.url))
+    other = client("rds", tight.url, **assumed_role_credentials(tight.url, moto_url))
     other.describe_db_instances()  # another account: buckets of its own
     wait_for(
         lambda: succeeds(rds.describe_db_instances, refused="Throttling"),
