@@ -349,6 +349,19 @@ def register(
         kopf.on.delete(GROUP, VERSION, plural, id="finalize", **kw)(on_delete)
 
 
+ACCOUNT_WATCH, NAMESPACE_WATCH = "cloudaccount-watch", "namespace-watch"
+
+
+def _quiet_watches(record: logging.LogRecord) -> bool:
+    """kopf logs "Handler '...' succeeded." at INFO for every watch event of every namespace
+    and CloudAccount: nothing anyone reads. Failures are kept."""
+    message = record.getMessage()
+    return not (
+        message.endswith("succeeded.")
+        and (f"'{ACCOUNT_WATCH}'" in message or f"'{NAMESPACE_WATCH}'" in message)
+    )
+
+
 def _register_accounts(
     registry: kopf.OperatorRegistry,
     reconciler: Reconciler,
@@ -395,8 +408,11 @@ def _register_accounts(
     # once (kopf's change handlers would not run again for a spec edited back to the last
     # one they handled).
     manage: Callable[[dict[str, Any]], Awaitable[None]] | None = None
-    kopf.on.event(GROUP, VERSION, accounts.PLURAL, registry=registry)(on_account_event)
-    kopf.on.event("", "v1", "namespaces", registry=registry)(on_namespace_event)
+    kopf.on.event(GROUP, VERSION, accounts.PLURAL, id=ACCOUNT_WATCH, registry=registry)(
+        on_account_event
+    )
+    kopf.on.event("", "v1", "namespaces", id=NAMESPACE_WATCH, registry=registry)(on_namespace_event)
+    logging.getLogger("kopf.objects").addFilter(_quiet_watches)
     if not settings.manages_accounts or aws is None:
         return
     sessions = aws.sessions

@@ -11,8 +11,10 @@ requeues with a growing delay after that.
 from __future__ import annotations
 
 import functools
+import logging
 import re
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +32,7 @@ from provisioner.cloud.base import ErrorCodes
 from provisioner.cloud.budget import BudgetSettings, CallBudget
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 # Codes every AWS service shares; each kind adds its service's own (KindDescriptor.error_codes).
 THROTTLING_CODES = {
@@ -202,6 +205,7 @@ class Aws:
             lambda: self.client("sts"), settings.session_name, self.call
         )
         self._own_account: str | None = None
+        self._own_account_retry = 0.0
 
     def _config(self, region: str) -> botocore.config.Config:
         return botocore.config.Config(
@@ -261,13 +265,18 @@ class Aws:
 
     def account_id(self, account: AccountRef | None = None) -> str:
         """The account a client acts in: the CloudAccount's, or the operator's own (asked
-        of STS once per process)."""
+        of STS once per process; "" while STS does not say, e.g. an endpoint without STS,
+        asked again after a few minutes). Never fails: it only labels status."""
         if account is not None:
             return account.account_id
-        if self._own_account is None:
-            sts = self.client("sts")
-            self._own_account = str(self.call(sts.get_caller_identity)["Account"])
-        return self._own_account
+        if self._own_account is None and time.monotonic() >= self._own_account_retry:
+            try:
+                sts = self.client("sts")
+                self._own_account = str(self.call(sts.get_caller_identity)["Account"])
+            except errors.CloudError as exc:
+                self._own_account_retry = time.monotonic() + 300
+                log.warning("cannot tell the operator's own account id: %s", exc)
+        return self._own_account or ""
 
     def partition(self, region: str) -> str:
         """The ARN partition of a region ("aws", "aws-cn", "aws-us-gov")."""
