@@ -35,7 +35,14 @@ if str(ROOT) not in sys.path:
 from bench.lib.synced import SyncedWatch, describe  # noqa: E402
 from provisioner import API_VERSION  # noqa: E402
 from provisioner.kinds import KINDS as REGISTERED  # noqa: E402
-from provisioner_dev.cloud import DevCloud, by_owner, in_account, inventory  # noqa: E402
+from provisioner_dev.cloud import (  # noqa: E402
+    DevCloud,
+    by_owner,
+    cloud_account,
+    create_role,
+    in_account,
+    inventory,
+)
 from provisioner_dev.cloudprofile import (  # noqa: E402
     PROFILES,
     CloudProfile,
@@ -136,26 +143,10 @@ class Soak:
     def create_accounts(self) -> None:
         """--accounts: a role in each account and a CloudAccount for every K-th namespace."""
         for i, account in enumerate(self.account_ids):
-            cloud = in_account(self.stack.cloud.url, account, "soak-setup")
-            cloud.client("iam").create_role(
-                RoleName="provisioner",
-                AssumeRolePolicyDocument=(
-                    '{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Principal":'
-                    '{"AWS":"arn:aws:iam::123456789012:root"},"Action":"sts:AssumeRole"}]}'
-                ),
-            )
-            self.account_clouds.append(cloud)
-            self.kubectl(
-                "apply",
-                "-f",
-                "-",
-                input=(
-                    f"apiVersion: {API_VERSION}\nkind: CloudAccount\nmetadata:\n"
-                    f"  name: soak-acc-{i}\nspec:\n  accountId: '{account}'\n"
-                    f"  roleArn: arn:aws:iam::{account}:role/provisioner\n"
-                    f"  namespaceSelector: {{matchLabels: {{soak-account: acc-{i}}}}}\n"
-                ),
-            )
+            role = create_role(self.stack.cloud.url, account, "provisioner")
+            self.account_clouds.append(in_account(self.stack.cloud.url, account, "soak"))
+            body = cloud_account(f"soak-acc-{i}", role, {"soak-account": f"acc-{i}"})
+            self.kubectl("apply", "-f", "-", input=json.dumps(body))
 
     # -- phases -------------------------------------------------------------------
 

@@ -36,6 +36,12 @@ KIND = "CloudAccount"
 MISS_TTL = 5.0
 
 
+def pinned(status: Mapping[str, Any]) -> bool:
+    """Whether the resource already lives somewhere: its account is recorded, or it was
+    created before CloudAccounts existed (then in the operator's own account)."""
+    return "account" in status or bool(status.get("externalName"))
+
+
 class AccountRefused(Exception):
     """The resource may not act in the account it names (no cloud call was made)."""
 
@@ -206,8 +212,8 @@ class Directory:
         deleting: bool = False,
     ) -> Placement:
         """The account and region a resource acts in, or AccountRefused."""
-        pinned = "account" in status or bool(status.get("externalName"))
-        if pinned:
+        lives = pinned(status)
+        if lives:
             name = str(status.get("account") or "")
             if spec_account and spec_account != name:
                 where = f"CloudAccount {name}" if name else "the operator's own account"
@@ -225,8 +231,8 @@ class Directory:
         account = self.account(name)
         if account is None:
             raise AccountRefused(cond.ACCOUNT_NOT_FOUND, f"CloudAccount {name} does not exist")
-        if not deleting or not pinned:
-            if account.deleting and not pinned:
+        if not deleting or not lives:
+            if account.deleting and not lives:
                 raise AccountRefused(
                     cond.ACCOUNT_NOT_FOUND,
                     f"CloudAccount {name} is being deleted: no new resources in it",
@@ -238,7 +244,7 @@ class Directory:
                     "(its spec.namespaceSelector)",
                 )
         region = region or pinned_region or account.default_region or default_region
-        if account.regions and region not in account.regions and not (deleting and pinned):
+        if account.regions and region not in account.regions and not (deleting and lives):
             raise AccountRefused(
                 cond.REGION_NOT_ALLOWED,
                 f"region {region} is not allowed in CloudAccount {name} "

@@ -6,7 +6,8 @@
 - one resync loop          -> Reconciler.resync of each resource every `resync_seconds`
 - CloudAccounts, Namespaces -> watched into the account directory; a change rechecks the
                              resources it affects. With `manages_accounts`, also: Ready from
-                             an AssumeRole, and a finalizer held while resources use one.
+                             an AssumeRole (at each change and every 30 s), and a finalizer
+                             held while resources use one.
 
 kopf keeps its bookkeeping (handler progress, last-handled spec) in `status.kopf`,
 so a pass that finishes writes a single status patch and no annotations.
@@ -19,7 +20,7 @@ import logging
 import random
 import time
 import warnings
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor, Future
 from typing import Any
 
@@ -33,6 +34,7 @@ from provisioner.cloud.aws import Aws
 from provisioner.config import Settings
 from provisioner.kinds import KINDS
 from provisioner.kube import Kube
+from provisioner.leaks import custom_resources
 from provisioner.models import Resource
 from provisioner.reconcile import Event, Reconciler, Result
 from provisioner.resync import ResyncScheduler
@@ -127,16 +129,6 @@ def account_users(kube: Kube, name: str) -> list[str]:
             meta = item["metadata"]
             users.append(f"{meta['namespace']}/{item['kind']}/{meta['name']}")
     return sorted(users)
-
-
-def custom_resources(kube: Kube) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = []
-    for kind in KINDS:
-        listing = kube.request("GET", f"/apis/{API_VERSION}/{kind.plural}") or {}
-        for item in listing.get("items", []):
-            item.setdefault("kind", kind.kind)
-            items.append(item)
-    return items
 
 
 async def wait_for_api(reconciler: Reconciler) -> None:
@@ -373,6 +365,42 @@ def _register_accounts(
     assert directory is not None
     kube = reconciler.kube
 
+    manage = settings.manages_accounts and aws is not None
+
+    async def assess(raw: dict[str, Any]) -> dict[str, Any]:
+        """The status patch saying whether AssumeRole works ({} when nothing changed)."""
+        assert aws is not None
+        account = accounts.CloudAccount.from_body(raw)
+        try:
+            session = await reconciler.in_thread(aws.sessions.session, account.ref)
+        except errors.AccountUnavailableError as exc:
+            ready = cond.Condition(cond.READY, False, cond.ACCOUNT_UNAVAILABLE, str(exc))
+            fields: dict[str, Any] = {}
+        else:
+            ready = cond.Condition(
+                cond.READY, True, "RoleAssumed", f"assumed {session.assumed_arn}"
+            )
+            fields = {"assumedArn": session.assumed_arn}
+        return cond.status_patch(raw.get("status") or {}, [ready], account.generation, fields)
+
+    async def check(raw: dict[str, Any]) -> None:
+        """Ready when AssumeRole works, with the identity it gave: at each change (from the
+        watch, so that a spec edited back to the last one handled is checked too) and every
+        30 s (a session is cached: that costs an AssumeRole only when a failure is retried)."""
+        if (raw.get("metadata") or {}).get("deletionTimestamp"):
+            return
+        try:
+            if update := await assess(raw):
+                await reconciler.in_thread(
+                    kube.request,
+                    "PATCH",
+                    f"/apis/{API_VERSION}/{accounts.PLURAL}/{raw['metadata']['name']}/status",
+                    {"status": update},
+                    content_type="application/merge-patch+json",
+                )
+        except Exception as exc:  # noqa: BLE001 - the 30-second check tries again
+            log.warning("checking CloudAccount %s failed: %s", raw["metadata"]["name"], exc)
+
     async def on_account_event(type: str | None, body: Any, **_: Any) -> None:
         name = str(body["metadata"]["name"])
         if type == "DELETED":
@@ -384,8 +412,8 @@ def _register_accounts(
             changed = before != now
             if before is not None and before.ref != now.ref and aws is not None:
                 aws.sessions.forget(name)  # its role changed: assume the new one
-            if changed and manage is not None and not now.deleting:
-                await manage(raw)
+            if changed and manage:
+                await check(raw)
         if changed:
             affected = reconciler.affected(account=name)
             if affected:
@@ -404,57 +432,17 @@ def _register_accounts(
                 log.info("namespace %s changed: rechecking %d resources", name, len(affected))
                 scheduler.recheck(affected)
 
-    # Set below when this replica keeps CloudAccounts' status: a changed one is checked at
-    # once (kopf's change handlers would not run again for a spec edited back to the last
-    # one they handled).
-    manage: Callable[[dict[str, Any]], Awaitable[None]] | None = None
     kopf.on.event(GROUP, VERSION, accounts.PLURAL, id=ACCOUNT_WATCH, registry=registry)(
         on_account_event
     )
     kopf.on.event("", "v1", "namespaces", id=NAMESPACE_WATCH, registry=registry)(on_namespace_event)
     logging.getLogger("kopf.objects").addFilter(_quiet_watches)
-    if not settings.manages_accounts or aws is None:
+    if not manage or aws is None:
         return
     sessions = aws.sessions
 
-    async def check_now(raw: dict[str, Any]) -> None:
-        try:
-            if update := await assess(raw):
-                await reconciler.in_thread(
-                    kube.request,
-                    "PATCH",
-                    f"/apis/{API_VERSION}/{accounts.PLURAL}/{raw['metadata']['name']}/status",
-                    {"status": update},
-                    content_type="application/merge-patch+json",
-                )
-        except Exception as exc:  # noqa: BLE001 - the 30-second check tries again
-            log.warning("checking CloudAccount %s failed: %s", raw["metadata"]["name"], exc)
-
-    manage = check_now
-
-    async def assess(raw: dict[str, Any]) -> dict[str, Any]:
-        """The status patch saying whether AssumeRole works ({} when nothing changed)."""
-        account = accounts.CloudAccount.from_body(raw)
-        try:
-            session = await reconciler.in_thread(sessions.session, account.ref)
-        except errors.AccountUnavailableError as exc:
-            ready = cond.Condition(cond.READY, False, cond.ACCOUNT_UNAVAILABLE, str(exc))
-            fields: dict[str, Any] = {}
-        else:
-            ready = cond.Condition(
-                cond.READY, True, "RoleAssumed", f"assumed {session.assumed_arn}"
-            )
-            fields = {"assumedArn": session.assumed_arn}
-        return cond.status_patch(raw.get("status") or {}, [ready], account.generation, fields)
-
-    async def check_account(body: Any, patch: kopf.Patch, **_: Any) -> None:
-        """Ready when AssumeRole works, with the identity it gave; looked at again every 30 s
-        (a session is cached: that costs an AssumeRole only when a failure is retried)."""
-        raw = plain(body)
-        if (raw.get("metadata") or {}).get("deletionTimestamp"):
-            return
-        if update := await assess(raw):
-            patch.setdefault("status", {}).update(update)
+    async def check_periodically(body: Any, **_: Any) -> None:
+        await check(plain(body))
 
     async def release_account(body: Any, retry: int, **_: Any) -> None:
         """Deleting a CloudAccount waits until no resource lives in it or waits for it."""
@@ -469,9 +457,7 @@ def _register_accounts(
             raise kopf.TemporaryError(message, delay=min(30.0, 5.0 * (retry + 1)))
         sessions.forget(name)
 
-    for handler in (kopf.on.resume, kopf.on.create, kopf.on.update):
-        handler(GROUP, VERSION, accounts.PLURAL, id="check", registry=registry)(check_account)
     kopf.on.delete(GROUP, VERSION, accounts.PLURAL, id="release", registry=registry)(
         release_account
     )
-    kopf.timer(GROUP, VERSION, accounts.PLURAL, interval=30, registry=registry)(check_account)
+    kopf.timer(GROUP, VERSION, accounts.PLURAL, interval=30, registry=registry)(check_periodically)

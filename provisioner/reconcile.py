@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 from provisioner import annotation_keys, connection_secret, kinds
 from provisioner import conditions as cond
-from provisioner.accounts import AccountRefused, Directory
+from provisioner.accounts import AccountRefused, Directory, pinned
 from provisioner.cloud import errors
 from provisioner.cloud.base import (
     BatchObserver,
@@ -235,7 +235,6 @@ class Reconciler:
         attempted = resource.spec_account or str(resource.status.get("account") or "")
         if directory is None:
             if resource.spec_account:
-                self.account_of[resource.uid] = (resource.namespace, resource.spec_account)
                 raise AccountRefused(
                     cond.ACCOUNT_NOT_FOUND,
                     f"CloudAccount {resource.spec_account}: this operator serves no "
@@ -281,7 +280,10 @@ class Reconciler:
     def _account_id(self, resource: Resource) -> str:
         if resource.account is not None:
             return resource.account.account_id
-        return self.own_account() if self.own_account else ""
+        try:
+            return self.own_account() if self.own_account else ""
+        except errors.CloudError:
+            return ""  # only a label: unknown while STS does not say (an endpoint without it)
 
     def _placement_fields(self, resource: Resource) -> dict[str, Any]:
         """status.account ("" for the operator's own), accountId and region (nothing when
@@ -501,14 +503,7 @@ class Reconciler:
             asked_to_reconcile = resource.reconcile_request_pending
             if self.terminal_for_generation(resource) and not asked_to_reconcile:
                 return Result(for_generation=False), resource
-            events: list[Event] = []
-            try:
-                resource = await self._place(resource)
-                result = await self._sync(resource, retry, requested, events)
-            except Exception as exc:  # noqa: BLE001 - every failure becomes a condition
-                result = self._failure(resource, exc, retry)
-                result.events[:0] = events  # what the pass did before it failed still happened
-            self._note_refusal(resource, result)
+            result, resource = await self._pass(resource, retry, requested)
             if asked_to_reconcile:
                 result.fields["lastReconcileRequest"] = resource.annotation(
                     annotation_keys.RECONCILE_REQUESTED_AT
@@ -517,45 +512,36 @@ class Reconciler:
                 self.requeued.add(resource.uid)
             return result, resource
 
-    def _note_refusal(self, resource: Resource, result: Result) -> None:
+    async def _pass(
+        self, resource: Resource, retry: int, requested: Requested, resync: bool = False
+    ) -> tuple[Result, Resource]:
+        """Place the resource, then observe and converge it; every failure becomes a
+        condition. Returns the outcome and the resource as placed (when it could be)."""
+        events: list[Event] = []
+        try:
+            resource = await self._place(resource)
+            result = await self._sync(resource, retry, requested, events, resync=resync)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a condition
+            result = self._failure(resource, exc, retry)
+            result.events[:0] = events  # what the pass did before it failed still happened
         synced = next((c for c in result.conditions if c.type == cond.SYNCED), None)
         if synced is not None and not synced.status and synced.reason in cond.ACCOUNT_REASONS:
             self.refused.add(resource.uid)
         else:
             self.refused.discard(resource.uid)
+        return result, resource
 
-    async def recheck_current(
-        self,
-        uid: str,
-        load: Callable[[], Awaitable[Mapping[str, Any] | None]],
-        report: Callable[[Mapping[str, Any], tuple[Result, Resource], float], Awaitable[None]],
-    ) -> float | None:
-        """A full pass now, after a change of its CloudAccount or namespace: whatever state
-        the resource is in (refused, waiting on its change handler's backoff, at rest).
-        Returns the delay after which it wants another pass (None: done)."""
-        async with self.passes_in_flight, self.locks[uid]:
-            started = time.monotonic()
-            body = await load()
-            if body is None or body.get("metadata", {}).get("uid") != uid:
-                return None
-            if body["metadata"].get("deletionTimestamp"):
-                return None
-            resource = self.resource(body)
-            if resource.paused:
-                return None
-            requested = requested_fields(last_handled_spec(body), body.get("spec") or {})
-            events: list[Event] = []
-            try:
-                resource = await self._place(resource)
-                result = await self._sync(resource, 0, requested, events)
-            except Exception as exc:  # noqa: BLE001
-                result = self._failure(resource, exc, 0)
-                result.events[:0] = events
-            self._note_refusal(resource, result)
-            if result.requeue_after is None:
-                self.requeued.discard(uid)  # done: its periodic resync may look again
-            await report(body, (result, resource), started)
-            return result.requeue_after
+    async def _recheck(self, body: Mapping[str, Any]) -> tuple[Result, Resource] | None:
+        """A full pass after a change of its CloudAccount or namespace, whatever state the
+        resource is in (refused, waiting on its change handler's backoff, at rest)."""
+        resource = self.resource(body)
+        if resource.paused:
+            return None
+        requested = requested_fields(last_handled_spec(body), body.get("spec") or {})
+        result, resource = await self._pass(resource, 0, requested)
+        if result.requeue_after is None:
+            self.requeued.discard(resource.uid)  # done: its periodic resync may look again
+        return result, resource
 
     async def resync(self, body: Mapping[str, Any]) -> tuple[Result, Resource] | None:
         """The periodic re-check: drift, vanished resources, edited or deleted Secrets."""
@@ -568,8 +554,11 @@ class Reconciler:
         uid: str,
         load: Callable[[], Awaitable[Mapping[str, Any] | None]],
         report: Callable[[Mapping[str, Any], tuple[Result, Resource], float], Awaitable[None]],
-    ) -> None:
-        """The periodic re-check of the body as it is once the resource's lock is held.
+        recheck: bool = False,
+    ) -> float | None:
+        """The periodic re-check of the body as it is once the resource's lock is held (with
+        `recheck`, the full pass a CloudAccount's or namespace's change asks for); returns
+        the delay after which that pass wants another one (None: done).
 
         Reading it inside the lock (not before waiting for it) means a change handler that
         ran meanwhile is seen: no pass on an older spec, no cloud call after `paused`, and
@@ -580,12 +569,14 @@ class Reconciler:
             started = time.monotonic()
             body = await load()
             if body is None or body.get("metadata", {}).get("uid") != uid:
-                return
+                return None
             if body["metadata"].get("deletionTimestamp"):
-                return
-            outcome = await self._resync(body)
-            if outcome is not None:
-                await report(body, outcome, started)
+                return None
+            outcome = await (self._recheck(body) if recheck else self._resync(body))
+            if outcome is None:
+                return None
+            await report(body, outcome, started)
+            return outcome[0].requeue_after
 
     async def _resync(self, body: Mapping[str, Any]) -> tuple[Result, Resource] | None:
         resource = self.resource(body)
@@ -593,14 +584,7 @@ class Reconciler:
             return None
         if resource.uid in self.requeued:
             return None  # its change handler looks again by itself, with its backoff
-        events: list[Event] = []
-        try:
-            resource = await self._place(resource)
-            result = await self._sync(resource, 0, NOTHING_REQUESTED, events, resync=True)
-        except Exception as exc:  # noqa: BLE001
-            result = self._failure(resource, exc, 0)
-            result.events[:0] = events
-        self._note_refusal(resource, result)
+        result, resource = await self._pass(resource, 0, NOTHING_REQUESTED, resync=True)
         result.requeue_after = None
         synced = next((c for c in result.conditions if c.type == cond.SYNCED), None)
         if synced and not synced.status and synced.reason == cond.RECONCILE_ERROR:
@@ -1029,7 +1013,7 @@ class Reconciler:
         try:
             resource = await self._place(resource, deleting=True)
         except AccountRefused:
-            if "account" in resource.status or resource.status.get("externalName"):
+            if pinned(resource.status):
                 raise
             # Never placed, so nothing was ever created: nothing to delete anywhere.
             await self._delete_secret(resource)

@@ -202,12 +202,9 @@ class ResyncScheduler:
                 body.setdefault("kind", kind)
                 return body
 
-            if recheck:
-                again = await self.reconciler.recheck_current(uid, load, self.report)
-                if again is not None:
-                    self.recheck([uid], again)
-                return
-            await self.reconciler.resync_current(uid, load, self.report)
+            again = await self.reconciler.resync_current(uid, load, self.report, recheck)
+            if recheck and again is not None:
+                self.recheck([uid], again)
         except Exception:  # the next period tries again
             log.exception("resync of %s %s/%s failed", kind, namespace, name)
 

@@ -6,6 +6,7 @@ registry), so the tests, bench/ and `provisioner leaks` count the same resources
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -14,6 +15,7 @@ from typing import Any, TypeVar
 import boto3
 import botocore.config
 
+from provisioner import API_VERSION
 from provisioner.cloud.aws import classify
 from provisioner.cloud.base import OwnedResource
 from provisioner.kinds import ERROR_CODES
@@ -22,7 +24,29 @@ from provisioner_dev.stack import DEV_CREDENTIALS, DEV_REGION
 
 T = TypeVar("T")
 
-__all__ = ["DevCloud", "OwnedResource", "by_owner", "in_account", "inventory"]
+__all__ = [
+    "DevCloud",
+    "OwnedResource",
+    "by_owner",
+    "cloud_account",
+    "create_role",
+    "in_account",
+    "inventory",
+]
+
+# Who may assume the roles `create_role` makes: the operator's own account (moto's default).
+TRUST_OPERATOR = json.dumps(
+    {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Principal": {"AWS": "arn:aws:iam::123456789012:root"},
+                "Action": "sts:AssumeRole",
+            }
+        ],
+    }
+)
 
 
 class DevCloud:
@@ -88,6 +112,50 @@ def in_account(
         RoleArn=f"arn:aws:iam::{account_id}:role/{role}", RoleSessionName="provisioner-dev"
     )
     return DevCloud(endpoint_url, user_agent=user_agent, credentials=answer["Credentials"])
+
+
+def create_role(
+    endpoint_url: str,
+    account_id: str,
+    role: str,
+    trust: str = TRUST_OPERATOR,
+    *,
+    user_agent: str | None = None,
+) -> str:
+    """A role in `account_id`'s IAM, made straight at moto; its ARN (one that exists is kept)."""
+    iam = in_account(endpoint_url, account_id, "setup", user_agent=user_agent).client("iam")
+    try:
+        iam.create_role(RoleName=role, AssumeRolePolicyDocument=trust)
+    except iam.exceptions.EntityAlreadyExistsException:
+        pass
+    return f"arn:aws:iam::{account_id}:role/{role}"
+
+
+def cloud_account(
+    name: str,
+    role_arn: str,
+    match_labels: dict[str, str],
+    *,
+    regions: list[str] | None = None,
+    default_region: str | None = None,
+) -> dict[str, Any]:
+    """A CloudAccount for the role `role_arn` (its account taken from the ARN), selecting the
+    namespaces with `match_labels`."""
+    spec: dict[str, Any] = {
+        "accountId": role_arn.split(":")[4],
+        "roleArn": role_arn,
+        "namespaceSelector": {"matchLabels": match_labels},
+    }
+    if regions:
+        spec["regions"] = regions
+    if default_region:
+        spec["defaultRegion"] = default_region
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "CloudAccount",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
 
 
 def inventory(

@@ -25,16 +25,11 @@ from bench.lib.recording import BENCH_USER_AGENT, Recording
 from bench.lib.synced import SyncedWatch
 from bench.lib.workload import KINDS, PLURALS, Lister, plan
 from provisioner import API_VERSION, GROUP
-from provisioner_dev.cloud import DevCloud, in_account, inventory
+from provisioner_dev.cloud import DevCloud, cloud_account, create_role, in_account, inventory
 from provisioner_dev.kubejson import KubeJson
 from provisioner_dev.launch import Stack
 
 HASH_ANNOTATION = f"{GROUP}/content-hash"
-# Who may assume the bench's roles: the operator's own (moto's default) account.
-TRUST = (
-    '{"Version":"2012-10-17","Statement":[{"Effect":"Allow",'
-    '"Principal":{"AWS":"arn:aws:iam::123456789012:root"},"Action":"sts:AssumeRole"}]}'
-)
 
 
 @dataclass
@@ -216,21 +211,12 @@ class Bench:
         """With --accounts: a role in each account (in moto's IAM there) and a CloudAccount
         selecting every --accounts-th namespace, which names it as its default."""
         for i, account in enumerate(self.account_ids):
-            cloud = in_account(
-                self.stack.cloud.url, account, "bench-setup", user_agent=BENCH_USER_AGENT
+            url = self.stack.cloud.url
+            role = create_role(url, account, "provisioner", user_agent=BENCH_USER_AGENT)
+            self.account_clouds.append(
+                in_account(url, account, "bench", user_agent=BENCH_USER_AGENT)
             )
-            cloud.client("iam").create_role(RoleName="provisioner", AssumeRolePolicyDocument=TRUST)
-            self.account_clouds.append(cloud)
-            body = {
-                "apiVersion": API_VERSION,
-                "kind": "CloudAccount",
-                "metadata": {"name": f"bench-acc-{i}"},
-                "spec": {
-                    "accountId": account,
-                    "roleArn": f"arn:aws:iam::{account}:role/provisioner",
-                    "namespaceSelector": {"matchLabels": {"bench-account": f"acc-{i}"}},
-                },
-            }
+            body = cloud_account(f"bench-acc-{i}", role, {"bench-account": f"acc-{i}"})
             self.api.json("POST", f"/apis/{API_VERSION}/cloudaccounts", body)
 
     def events_by_reason(self) -> dict[str, int]:

@@ -11,7 +11,6 @@ requeues with a growing delay after that.
 from __future__ import annotations
 
 import functools
-import logging
 import re
 import threading
 import time
@@ -32,7 +31,8 @@ from provisioner.cloud.base import ErrorCodes
 from provisioner.cloud.budget import BudgetSettings, CallBudget
 
 T = TypeVar("T")
-log = logging.getLogger(__name__)
+# How long a failed GetCallerIdentity stands before the operator's own account is asked again.
+OWN_ACCOUNT_RETRY = 30.0
 
 # Codes every AWS service shares; each kind adds its service's own (KindDescriptor.error_codes).
 THROTTLING_CODES = {
@@ -205,7 +205,7 @@ class Aws:
             lambda: self.client("sts"), settings.session_name, self.call
         )
         self._own_account: str | None = None
-        self._own_account_retry = 0.0
+        self._own_account_failure: tuple[float, errors.CloudError] | None = None
 
     def _config(self, region: str) -> botocore.config.Config:
         return botocore.config.Config(
@@ -265,18 +265,23 @@ class Aws:
 
     def account_id(self, account: AccountRef | None = None) -> str:
         """The account a client acts in: the CloudAccount's, or the operator's own (asked
-        of STS once per process; "" while STS does not say, e.g. an endpoint without STS,
-        asked again after a few minutes). Never fails: it only labels status."""
+        of STS once per process). Raises the CloudError of STS's answer when it does not
+        say; that answer stands for OWN_ACCOUNT_RETRY seconds, so that an endpoint without
+        STS is not asked at every pass."""
         if account is not None:
             return account.account_id
-        if self._own_account is None and time.monotonic() >= self._own_account_retry:
-            try:
-                sts = self.client("sts")
-                self._own_account = str(self.call(sts.get_caller_identity)["Account"])
-            except errors.CloudError as exc:
-                self._own_account_retry = time.monotonic() + 300
-                log.warning("cannot tell the operator's own account id: %s", exc)
-        return self._own_account or ""
+        if self._own_account is not None:
+            return self._own_account
+        failed = self._own_account_failure
+        if failed is not None and time.monotonic() < failed[0]:
+            raise failed[1].with_traceback(None)
+        try:
+            sts = self.client("sts")
+            self._own_account = str(self.call(sts.get_caller_identity)["Account"])
+        except errors.CloudError as exc:
+            self._own_account_failure = (time.monotonic() + OWN_ACCOUNT_RETRY, exc)
+            raise
+        return self._own_account
 
     def partition(self, region: str) -> str:
         """The ARN partition of a region ("aws", "aws-cn", "aws-us-gov")."""

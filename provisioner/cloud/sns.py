@@ -1,13 +1,12 @@
 """Topic: one SNS topic named `resource.external_name`.
 
-An SNS topic's ARN is `arn:aws:sns:<region>:<account>:<name>`; the account is the one the
-operator's credentials act in (asked of STS once per region and remembered), so a topic is
-observed by its ARN without listing every topic.
+An SNS topic's ARN is `arn:aws:sns:<region>:<account>:<name>`; the account is its
+CloudAccount's, or the one the operator's own credentials act in (asked of STS once,
+`Aws.account_id`), so a topic is observed by its ARN without listing every topic.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -48,27 +47,13 @@ class SnsClient:
 
     def __init__(self, aws: Aws) -> None:
         self.aws = aws
-        self._accounts: dict[str, str] = {}
-        self._lock = threading.Lock()
 
     def _sns(self, resource: Resource) -> Any:
         return self.aws.client("sns", resource.region, resource.account)
 
     def topic_arn(self, resource: Resource) -> str:
-        account = (
-            resource.account.account_id if resource.account else self._account(resource.region)
-        )
+        account = self.aws.account_id(resource.account)
         return f"arn:aws:sns:{resource.region}:{account}:{resource.external_name}"
-
-    def _account(self, region: str) -> str:
-        with self._lock:
-            if region in self._accounts:
-                return self._accounts[region]
-        sts = self.aws.client("sts", region)
-        account = str(self.aws.call(sts.get_caller_identity)["Account"])
-        with self._lock:
-            self._accounts[region] = account
-        return account
 
     def observe(self, resource: Resource) -> Observation:
         sns, arn = self._sns(resource), self.topic_arn(resource)

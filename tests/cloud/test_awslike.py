@@ -22,6 +22,7 @@ import pytest
 from provisioner.cloud.aws import Aws, AwsSettings
 from provisioner.cloud.budget import BudgetSettings, Limit
 from provisioner_dev.awslike import AwsLikeProxy
+from provisioner_dev.cloud import create_role
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.cloud
@@ -309,29 +310,10 @@ TRUST_ANYONE = json.dumps(
 )
 
 
-def create_role(moto_url: str, account: str, role: str, trust: str = TRUST_ANYONE) -> str:
-    """A role in `account`'s IAM, made straight at moto (which lets anyone assume anything)."""
-    found = client("sts", moto_url).assume_role(
-        RoleArn=f"arn:aws:iam::{account}:role/setup", RoleSessionName="setup"
-    )["Credentials"]
-    iam = client(
-        "iam",
-        moto_url,
-        aws_access_key_id=found["AccessKeyId"],
-        aws_secret_access_key=found["SecretAccessKey"],
-        aws_session_token=found["SessionToken"],
-    )
-    try:
-        iam.create_role(RoleName=role, AssumeRolePolicyDocument=trust)
-    except iam.exceptions.EntityAlreadyExistsException:
-        pass
-    return f"arn:aws:iam::{account}:role/{role}"
-
-
 def assumed_role_credentials(url: str, moto_url: str) -> dict[str, str]:
     """Credentials moto files under another account (111122223333), assumed through `url`."""
     sts = client("sts", url)
-    role = create_role(moto_url, "111122223333", "awslike-test")
+    role = create_role(moto_url, "111122223333", "awslike-test", TRUST_ANYONE)
     found = sts.assume_role(RoleArn=role, RoleSessionName="awslike-test")["Credentials"]
     return {
         "aws_access_key_id": found["AccessKeyId"],

@@ -20,13 +20,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import boto3
 import pytest
 
 from provisioner_dev.awslike import AwsLikeProxy
+from provisioner_dev.cloud import cloud_account, create_role, in_account
 from provisioner_dev.launch import OperatorProcess
 from provisioner_dev.processes import free_port
-from provisioner_dev.stack import DEV_CREDENTIALS, DEV_REGION, aws_env
+from provisioner_dev.stack import DEV_REGION, aws_env
 from tests.conftest import TEST_CLOUD, TEST_RESYNC_SECONDS, Cluster, running_cluster
 from tests.e2e.test_observability import sample, scrape
 from tests.helpers import (
@@ -48,18 +48,6 @@ pytestmark = [
 
 ACCOUNT_A, ACCOUNT_B, ACCOUNT_C = "111111111111", "222222222222", "333333333333"
 ROLE = "provisioner"
-TRUST = json.dumps(
-    {
-        "Version": "2012-10-17",
-        "Statement": [
-            {
-                "Effect": "Allow",
-                "Principal": {"AWS": "arn:aws:iam::123456789012:root"},
-                "Action": "sts:AssumeRole",
-            }
-        ],
-    }
-)
 
 
 @dataclass
@@ -71,27 +59,10 @@ class Env:
 
     def as_account(self, account: str, service: str, region: str = DEV_REGION) -> Any:
         """A boto3 client acting in `account`, straight to moto (not through the proxy)."""
-        sts = boto3.client("sts", endpoint_url=self.kube.moto.url, region_name=DEV_REGION, **KEYS)
-        creds = sts.assume_role(
-            RoleArn=f"arn:aws:iam::{account}:role/test-reader", RoleSessionName="test"
-        )["Credentials"]
-        return boto3.client(
-            service,
-            endpoint_url=self.kube.moto.url,
-            region_name=region,
-            aws_access_key_id=creds["AccessKeyId"],
-            aws_secret_access_key=creds["SecretAccessKey"],
-            aws_session_token=creds["SessionToken"],
-        )
+        return in_account(self.kube.moto.url, account, "test-reader").client(service, region)
 
     def assume_role_calls(self) -> int:
         return int(self.proxy.stats()["calls_by_action"].get("sts.AssumeRole", 0))
-
-
-KEYS = {
-    "aws_access_key_id": DEV_CREDENTIALS["AWS_ACCESS_KEY_ID"],
-    "aws_secret_access_key": DEV_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-}
 
 
 @pytest.fixture(scope="module")
@@ -114,8 +85,7 @@ def env() -> Iterator[Env]:
         )
         e = Env(kube, proxy, operator, port)
         for account in (ACCOUNT_A, ACCOUNT_B, ACCOUNT_C):
-            iam = e.as_account(account, "iam")
-            iam.create_role(RoleName=ROLE, AssumeRolePolicyDocument=TRUST)
+            create_role(kube.moto.url, account, ROLE)
         try:
             yield e
         finally:
@@ -136,41 +106,31 @@ def namespace(env: Env, team: str, annotations: dict[str, str] | None = None) ->
     return name
 
 
-def cloud_account(
+def apply_account(
     env: Env,
     name: str,
     account: str,
     team: str,
     *,
+    label: str = "team",
     role: str = ROLE,
     regions: list[str] | None = None,
     default_region: str | None = None,
 ) -> None:
-    spec: dict[str, Any] = {
-        "accountId": account,
-        "roleArn": f"arn:aws:iam::{account}:role/{role}",
-        "namespaceSelector": {"matchLabels": {"team": team}},
-    }
-    if regions:
-        spec["regions"] = regions
-    if default_region:
-        spec["defaultRegion"] = default_region
-    body = {
-        "apiVersion": "cloud.provisioner.dev/v1alpha1",
-        "kind": "CloudAccount",
-        "metadata": {"name": name},
-        "spec": spec,
-    }
+    """A CloudAccount `name` for `role` in `account`, selecting namespaces labelled
+    `label=team`."""
+    body = cloud_account(
+        name,
+        f"arn:aws:iam::{account}:role/{role}",
+        {label: team},
+        regions=regions,
+        default_region=default_region,
+    )
     env.kube.kubectl("apply", "-f", "-", input=json.dumps(body))
 
 
 def apply_in(env: Env, ns: str, docs: list[tuple[str, str, str]]) -> None:
     env.kube.kubectl("apply", "-n", ns, "-f", "-", input=manifests(docs))
-
-
-def synced_reason(env: Env, kind: str, ns: str, name: str) -> str:
-    c = condition(get(env.kube, kind, ns, name), "Synced")
-    return str((c or {}).get("reason", ""))
 
 
 def queues_in(env: Env, account: str) -> list[str]:
@@ -206,8 +166,8 @@ def test_each_namespace_s_resources_land_in_its_own_account(env):
     so, each account's listing has only its own), and status and Secrets say where."""
     a, b = f"team-a-{suffix()}", f"team-b-{suffix()}"
     ns_a, ns_b = namespace(env, a), namespace(env, b)
-    cloud_account(env, a, ACCOUNT_A, a)
-    cloud_account(env, b, ACCOUNT_B, b)
+    apply_account(env, a, ACCOUNT_A, a)
+    apply_account(env, b, ACCOUNT_B, b)
     for ns, account_name in ((ns_a, a), (ns_b, b)):
         docs = [(k, n, json.dumps({**spec, "account": account_name})) for k, n, spec in THREE_KINDS]
         apply_in(env, ns, docs)
@@ -245,7 +205,7 @@ def test_another_team_s_account_is_refused_with_no_cloud_call(env):
     a, b = f"team-a-{suffix()}", f"team-b-{suffix()}"
     namespace(env, a)
     ns_b = namespace(env, b)
-    cloud_account(env, a, ACCOUNT_A, a)
+    apply_account(env, a, ACCOUNT_A, a)
     apply_in(env, ns_b, [("Queue", "stolen", f"{{account: {a}}}")])
     obj = wait_condition(env.kube, "Queue", ns_b, "stolen", "Synced", "False", "AccountNotAllowed")
     assert f"does not select namespace {ns_b}" in condition(obj, "Synced")["message"]
@@ -284,23 +244,7 @@ def test_namespace_default_override_regions_and_an_account_made_later(env):
     assert "ap-south-1 is not allowed" in condition(refused, "Synced")["message"]
     wait_condition(env.kube, "Queue", ns, "overridden", "Synced", "False", "AccountNotFound")
     # The CloudAccount it names appears: taken up within seconds.
-    env.kube.kubectl(
-        "apply",
-        "-f",
-        "-",
-        input=json.dumps(
-            {
-                "apiVersion": "cloud.provisioner.dev/v1alpha1",
-                "kind": "CloudAccount",
-                "metadata": {"name": c},
-                "spec": {
-                    "accountId": ACCOUNT_C,
-                    "roleArn": f"arn:aws:iam::{ACCOUNT_C}:role/{ROLE}",
-                    "namespaceSelector": {"matchLabels": {"team-c": c}},
-                },
-            }
-        ),
-    )
+    apply_account(env, c, ACCOUNT_C, c, label="team-c")
     obj = wait_ready(env.kube, "Queue", ns, "overridden", timeout=30)
     assert obj["status"]["accountId"] == ACCOUNT_C
     assert names_everywhere(env, f"{ns}-elsewhere") == []
@@ -325,10 +269,10 @@ def test_namespace_default_override_regions_and_an_account_made_later(env):
 def test_an_unassumable_role_is_reported_within_seconds_and_recovers(env):
     a = f"team-a-{suffix()}"
     ns = namespace(env, a)
-    cloud_account(env, a, ACCOUNT_A, a)
+    apply_account(env, a, ACCOUNT_A, a)
     apply_in(env, ns, [("Queue", "q", f"{{account: {a}}}")])
     wait_ready(env.kube, "Queue", ns, "q")
-    cloud_account(env, a, ACCOUNT_A, a, role="no-such-role")
+    apply_account(env, a, ACCOUNT_A, a, role="no-such-role")
     obj = wait_condition(
         env.kube, "Queue", ns, "q", "Synced", "False", "AccountUnavailable", timeout=30
     )
@@ -340,7 +284,7 @@ def test_an_unassumable_role_is_reported_within_seconds_and_recovers(env):
         what="CloudAccount Ready=False",
     )
     assert account["reason"] == "AccountUnavailable"
-    cloud_account(env, a, ACCOUNT_A, a)  # fixed
+    apply_account(env, a, ACCOUNT_A, a)  # fixed
     wait_ready(env.kube, "Queue", ns, "q", timeout=30)
     wait_for(
         lambda: (condition(cloudaccount(env, a), "Ready") or {}).get("status") == "True",
@@ -354,7 +298,7 @@ def test_an_unassumable_role_is_reported_within_seconds_and_recovers(env):
 def test_an_account_in_use_is_deleted_only_after_its_resources(env):
     a = f"team-a-{suffix()}"
     ns = namespace(env, a)
-    cloud_account(env, a, ACCOUNT_A, a)
+    apply_account(env, a, ACCOUNT_A, a)
     apply_in(env, ns, [("Queue", "q", f"{{account: {a}}}")])
     wait_ready(env.kube, "Queue", ns, "q")
     env.kube.kubectl("delete", "cloudaccount", a, "--wait=false")
@@ -380,7 +324,7 @@ def test_assume_role_once_per_account_not_per_resource(env):
     for name, account in zip(names, (ACCOUNT_A, ACCOUNT_B, ACCOUNT_C), strict=True):
         ns = namespace(env, name)
         spaces.append(ns)
-        cloud_account(env, name, account, name)
+        apply_account(env, name, account, name)
         apply_in(env, ns, [("Queue", f"q{i}", f"{{account: {name}}}") for i in range(10)])
     for ns in spaces:
         for i in range(10):
@@ -402,7 +346,7 @@ def test_leaks_looks_in_every_account(env):
     """`provisioner leaks` finds a tagged queue whose CR is gone in a CloudAccount's account."""
     a = f"team-a-{suffix()}"
     namespace(env, a)
-    cloud_account(env, a, ACCOUNT_B, a, regions=["eu-west-1"])
+    apply_account(env, a, ACCOUNT_B, a, regions=["eu-west-1"])
     orphan = f"orphan-{suffix()}"
     env.as_account(ACCOUNT_B, "sqs", "eu-west-1").create_queue(
         QueueName=orphan,
@@ -443,24 +387,8 @@ def test_killed_right_after_a_create_then_the_namespace_default_changes(env):
     a, b = f"team-a-{suffix()}", f"team-b-{suffix()}"
     ns = namespace(env, a, {"cloud.provisioner.dev/default-account": a})
     env.kube.kubectl("label", "namespace", ns, f"team-b={b}")
-    cloud_account(env, a, ACCOUNT_A, a)
-    env.kube.kubectl(
-        "apply",
-        "-f",
-        "-",
-        input=json.dumps(
-            {
-                "apiVersion": "cloud.provisioner.dev/v1alpha1",
-                "kind": "CloudAccount",
-                "metadata": {"name": b},
-                "spec": {
-                    "accountId": ACCOUNT_B,
-                    "roleArn": f"arn:aws:iam::{ACCOUNT_B}:role/{ROLE}",
-                    "namespaceSelector": {"matchLabels": {"team-b": b}},
-                },
-            }
-        ),
-    )
+    apply_account(env, a, ACCOUNT_A, a)
+    apply_account(env, b, ACCOUNT_B, b, label="team-b")
     env.operator.stop()
     doomed = env.kube.stack.start_operator(
         endpoint_url=env.proxy.url,
