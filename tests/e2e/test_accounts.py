@@ -223,7 +223,7 @@ def test_namespace_default_override_regions_and_an_account_made_later(env):
     a, c = f"team-a-{suffix()}", f"team-c-{suffix()}"
     ns = namespace(env, a, {"cloud.provisioner.dev/default-account": a})
     env.kube.kubectl("label", "namespace", ns, f"team-c={c}")
-    cloud_account(
+    apply_account(
         env, a, ACCOUNT_A, a, regions=["us-east-1", "eu-west-1"], default_region="eu-west-1"
     )
     apply_in(
