@@ -60,7 +60,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     _limit_malloc_arenas()
     import kopf
 
+    from provisioner.access import Access
     from provisioner.cloud.budget import BudgetSpecError
+    from provisioner.cloud.iam import AccessSettings
     from provisioner.kinds import make_aws, make_clients
     from provisioner.kube import Kube
     from provisioner.operator import account_directory, event_poster, register
@@ -79,6 +81,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     for noisy in ("botocore", "boto3", "urllib3", "kubernetes"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    access_settings = AccessSettings(settings.access, settings.oidc_issuer, settings.eks_cluster)
+    if problem := access_settings.problem():
+        return _fail(problem)
     aws = make_aws(aws_settings)
     kube = Kube(pool_size=settings.workers + 4)
     events = ThreadPoolExecutor(max_workers=2, thread_name_prefix="events")
@@ -89,6 +94,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         event_poster(kube, events),
         directory=account_directory(kube) if settings.accounts else None,
         own_account=aws.account_id,
+    )
+    reconciler.access = Access(
+        access_settings, settings.cluster_id, aws, kube, reconciler.in_thread
     )
     if settings.metrics_port:
         from provisioner import metrics

@@ -28,6 +28,19 @@ ACCOUNT_NOT_ALLOWED = "AccountNotAllowed"
 REGION_NOT_ALLOWED = "RegionNotAllowed"
 ACCOUNT_UNAVAILABLE = "AccountUnavailable"
 ACCOUNT_REASONS = (ACCOUNT_NOT_FOUND, ACCOUNT_NOT_ALLOWED, REGION_NOT_ALLOWED, ACCOUNT_UNAVAILABLE)
+# Synced reasons of spec.access (the resource itself may be Ready)
+ACCESS_CONFLICT = "AccessConflict"
+ACCESS_DISABLED = "AccessDisabled"
+ACCESS_NOT_SUPPORTED = "AccessNotSupported"
+SERVICE_ACCOUNT_NOT_FOUND = "ServiceAccountNotFound"
+OIDC_PROVIDER_NOT_FOUND = "OIDCProviderNotFound"
+ACCESS_REASONS = (
+    ACCESS_CONFLICT,
+    ACCESS_DISABLED,
+    ACCESS_NOT_SUPPORTED,
+    SERVICE_ACCOUNT_NOT_FOUND,
+    OIDC_PROVIDER_NOT_FOUND,
+)
 # Drifted reasons
 DRIFT_REPORTED = "DriftReported"
 DRIFT_CORRECTED = "DriftCorrected"

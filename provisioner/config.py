@@ -36,6 +36,10 @@ class Settings:
     # so that of several namespaced operators none fights over a cluster-scoped object).
     accounts: bool = True
     manage_accounts: bool | None = None
+    # spec.access: off, irsa or pod-identity (provisioner/cloud/iam.py), and what each needs.
+    access: str = "off"
+    oidc_issuer: str = ""
+    eks_cluster: str = ""
 
     @property
     def manages_accounts(self) -> bool:
@@ -70,6 +74,9 @@ class Settings:
             ),
             accounts=_env("PROVISIONER_ACCOUNTS", "on").lower() not in ("off", "false", "0"),
             manage_accounts=_switch(_env("PROVISIONER_MANAGE_ACCOUNTS")),
+            access=_env("PROVISIONER_ACCESS", "off").lower() or "off",
+            oidc_issuer=_env("PROVISIONER_OIDC_ISSUER"),
+            eks_cluster=_env("PROVISIONER_EKS_CLUSTER"),
         )
 
 
@@ -129,6 +136,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["on", "off"],
         help="keep CloudAccounts' status and finalizer (default: on when cluster-wide)",
     )
+    parser.add_argument(
+        "--access",
+        choices=["off", "irsa", "pod-identity"],
+        help="grant spec.access through IAM roles for ServiceAccounts (irsa) or EKS Pod "
+        "Identity (default off; irsa needs get/patch on serviceaccounts)",
+    )
+    parser.add_argument(
+        "--oidc-issuer",
+        help="with --access=irsa: the cluster's OIDC issuer URL (env PROVISIONER_OIDC_ISSUER)",
+    )
+    parser.add_argument(
+        "--eks-cluster",
+        help="with --access=pod-identity: the EKS cluster's name (env PROVISIONER_EKS_CLUSTER)",
+    )
 
 
 def from_args(args: argparse.Namespace) -> Settings:
@@ -152,6 +173,9 @@ def from_args(args: argparse.Namespace) -> Settings:
             "aws_budget_max_throttled_seconds": args.aws_budget_max_throttled_seconds,
             "accounts": None if args.accounts is None else args.accounts == "on",
             "manage_accounts": _switch(args.manage_accounts or ""),
+            "access": args.access,
+            "oidc_issuer": args.oidc_issuer,
+            "eks_cluster": args.eks_cluster,
         }.items()
         if value is not None
     }

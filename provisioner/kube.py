@@ -46,7 +46,7 @@ class Kube:
         self,
         method: str,
         path: str,
-        body: dict[str, Any] | None = None,
+        body: dict[str, Any] | list[Any] | None = None,
         *,
         content_type: str = "application/json",
         query: list[tuple[str, str]] | None = None,
@@ -156,3 +156,41 @@ class Kube:
             {"status": status},
             content_type="application/merge-patch+json",
         )
+
+    # ServiceAccounts (spec.access with IRSA) --------------------------------------
+
+    @staticmethod
+    def _sa_path(namespace: str, name: str) -> str:
+        return f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}"
+
+    def get_service_account(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.request("GET", self._sa_path(namespace, name))
+
+    def annotate_service_account(
+        self, namespace: str, name: str, key: str, value: str, resource_version: str
+    ) -> None:
+        """Set one annotation, only on the version read (409 when it changed since)."""
+        self.request(
+            "PATCH",
+            self._sa_path(namespace, name),
+            {"metadata": {"resourceVersion": resource_version, "annotations": {key: value}}},
+            content_type="application/merge-patch+json",
+        )
+
+    def remove_service_account_annotation(
+        self, namespace: str, name: str, key: str, value: str
+    ) -> bool:
+        """Remove one annotation if it still holds `value`; whether it did."""
+        path = "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
+        try:
+            self.request(
+                "PATCH",
+                self._sa_path(namespace, name),
+                [{"op": "test", "path": path, "value": value}, {"op": "remove", "path": path}],
+                content_type="application/json-patch+json",
+            )
+        except KubeError as exc:
+            if exc.status == 422:  # the test failed: it holds something else now
+                return False
+            raise
+        return True

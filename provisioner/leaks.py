@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from provisioner import API_VERSION, accounts
-from provisioner.cloud import errors
+from provisioner.cloud import errors, iam
 from provisioner.cloud.assume import AccountRef
 from provisioner.cloud.aws import Aws, classify
 from provisioner.cloud.base import ErrorCodes, OwnedResource
@@ -137,6 +137,7 @@ def find(aws: Cloud, kube: Kube, cluster_id: str, region: str) -> list[Finding]:
         for account_id, r in cloud
         if r.owner_uid not in uids
     ]
+    findings += _leaked_roles(places, crs, cluster_id)
     by_owner = {(r.kind, r.name, r.owner_uid) for _, r in cloud}
     for cr in crs:
         status = cr.get("status") or {}
@@ -153,6 +154,52 @@ def find(aws: Cloud, kube: Kube, cluster_id: str, region: str) -> list[Finding]:
                     f"{cr['metadata']['namespace']}/{cr['metadata']['name']} has no cloud resource",
                 )
             )
+    return findings
+
+
+def _leaked_roles(
+    places: list[tuple[str, Cloud, list[str]]], crs: list[dict[str, Any]], cluster_id: str
+) -> list[Finding]:
+    """spec.access's IAM roles (in each account) that no resource grants any more, and their
+    policies whose resource is gone."""
+    granted: set[tuple[str, str]] = set()
+    policies: set[str] = set()
+    for cr in crs:
+        meta, spec, status = cr["metadata"], cr.get("spec") or {}, cr.get("status") or {}
+        entries = [*(spec.get("access") or []), *(status.get("access") or [])]
+        granted |= {(meta["namespace"], str(e.get("serviceAccountName"))) for e in entries}
+        if entries:
+            policies.add(iam.policy_name(cr["kind"], meta["name"], meta["uid"]))
+    findings = []
+    for account_id, where, _ in places:
+        try:
+            roles = list(iam.list_roles(where, cluster_id))
+        except errors.NotSupportedError:
+            continue
+        suffix = f"; in account {account_id}" if account_id else ""
+        for role in roles:
+            ns = role.tags.get(NAMESPACE_TAG, "?")
+            sa = role.tags.get(iam.SERVICE_ACCOUNT_TAG, "?")
+            if (ns, sa) not in granted:
+                findings.append(
+                    Finding(
+                        "leaked",
+                        "IAMRole",
+                        role.name,
+                        f"no resource grants ServiceAccount {ns}/{sa} any more{suffix}",
+                    )
+                )
+                continue
+            findings += [
+                Finding(
+                    "leaked",
+                    "IAMRolePolicy",
+                    f"{role.name}/{policy}",
+                    f"the granting resource no longer exists{suffix}",
+                )
+                for policy in role.policies
+                if policy not in policies
+            ]
     return findings
 
 

@@ -69,6 +69,8 @@ class Resource:
     # The CloudAccount it acts in, once placed (provisioner/accounts.py); None: the
     # operator's own credentials.
     account: AccountRef | None = None
+    # spec.access: (ServiceAccount name, level) in the order written.
+    access: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def from_body(
@@ -104,6 +106,10 @@ class Resource:
             dependencies=tuple(descriptor.dependencies(spec)),
             spec_account=str(raw_spec.get("account") or ""),
             spec_region=str(raw_spec.get("region") or ""),
+            access=tuple(
+                (str(g.get("serviceAccountName") or ""), str(g.get("level") or "read"))
+                for g in raw_spec.get("access") or []
+            ),
         )
 
     @property

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 from provisioner import annotation_keys, connection_secret, kinds
 from provisioner import conditions as cond
+from provisioner.access import Access
 from provisioner.accounts import AccountRefused, Directory, pinned
 from provisioner.cloud import errors
 from provisioner.cloud.base import (
@@ -155,8 +156,11 @@ class Reconciler:
         post_event: Callable[[dict[str, Any], Event], None],
         directory: Directory | None = None,
         own_account: Callable[[], str] | None = None,
+        access: Access | None = None,
     ) -> None:
         self.settings = settings
+        # spec.access (None: no grants are made; a resource that asks for some is told).
+        self.access = access
         # CloudAccounts and namespaces (None: this operator serves no CloudAccounts).
         self.directory = directory
         # The operator's own account id, for status.accountId (asked of STS once).
@@ -587,7 +591,11 @@ class Reconciler:
         result, resource = await self._pass(resource, 0, NOTHING_REQUESTED, resync=True)
         result.requeue_after = None
         synced = next((c for c in result.conditions if c.type == cond.SYNCED), None)
-        if synced and not synced.status and synced.reason == cond.RECONCILE_ERROR:
+        if (
+            synced
+            and not synced.status
+            and synced.reason in (cond.RECONCILE_ERROR, *cond.ACCESS_REASONS)
+        ):
             self.failed_resyncs.add(resource.uid)
         else:
             self.failed_resyncs.discard(resource.uid)
@@ -863,6 +871,14 @@ class Reconciler:
         """Available and in line with the spec: write the Secret, report Ready."""
         fields.update(await self._write_secret(resource, client, obs, events))
         fields["connectionSecret"] = resource.secret_name
+        problem: cond.Condition | None = None
+        access_retry = False
+        if self.access is not None:
+            granted = await self.access.converge(resource, obs.arn)
+            if granted is not None:
+                fields["access"] = granted.entries
+                events += [Event(*e) for e in granted.events]
+                problem, access_retry = granted.problem, granted.retry
         available = (
             f"{resource.external_name} is available; "
             f"connection Secret {resource.secret_name} is written"
@@ -879,10 +895,15 @@ class Reconciler:
                 f"for up to {settle:.0f} s"
             )
             requeue_after = backoff(retry, WAIT_BASE, WAIT_CAP)
+        if problem is not None:
+            # The resource serves; a grant waits on something outside the spec. Looked at
+            # again with a backoff (a conflict, which people must resolve, slowly).
+            delay = backoff(retry, cap=RETRY_CAP if access_retry else CREDENTIALS_RETRY_CAP)
+            requeue_after = min(requeue_after or delay, delay)
         return Result(
             conditions=[
                 cond.Condition(cond.READY, True, cond.AVAILABLE, available),
-                cond.Condition(cond.SYNCED, True, cond.RECONCILE_SUCCESS, synced),
+                problem or cond.Condition(cond.SYNCED, True, cond.RECONCILE_SUCCESS, synced),
                 *conditions,
             ],
             fields=fields,
@@ -1004,12 +1025,9 @@ class Reconciler:
             )
             paused.requeue_after = backoff(retry, WAIT_BASE, 15.0)
             return paused
-        if resource.deletion_policy == "Retain":
-            await self._delete_secret(resource)
-            done.events.append(
-                Event("Normal", "Retained", f"{name} retained by deletionPolicy Retain")
-            )
-            return done
+        grants = self.access is not None and bool(resource.access or resource.status.get("access"))
+        if resource.deletion_policy == "Retain" and not grants:
+            return await self._retain(resource, done)
         try:
             resource = await self._place(resource, deleting=True)
         except AccountRefused:
@@ -1018,6 +1036,14 @@ class Reconciler:
             # Never placed, so nothing was ever created: nothing to delete anywhere.
             await self._delete_secret(resource)
             return done
+        if grants and self.access is not None:
+            # Access goes first, whatever happens to the resource itself.
+            for sa in await self.access.revoke_all(resource):
+                done.events.append(
+                    Event("Normal", "AccessRevoked", f"ServiceAccount {sa}: access revoked")
+                )
+        if resource.deletion_policy == "Retain":
+            return await self._retain(resource, done)
         client = self.clients[resource.kind]
         obs = await self.in_thread(client.observe, resource)
         if obs.exists and not self._is_ours(resource, obs):
@@ -1056,6 +1082,17 @@ class Reconciler:
             )
         await self._delete_secret(resource)
         done.events.append(Event("Normal", "Deleted", f"deleted {resource.kind} {name}"))
+        return done
+
+    async def _retain(self, resource: Resource, done: Result) -> Result:
+        await self._delete_secret(resource)
+        done.events.append(
+            Event(
+                "Normal",
+                "Retained",
+                f"{resource.external_name} retained by deletionPolicy Retain",
+            )
+        )
         return done
 
     async def _delete_secret(self, resource: Resource) -> None:

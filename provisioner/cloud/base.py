@@ -187,6 +187,18 @@ class KindDescriptor:
     # seconds" after SetQueueAttributes). Within it, a read that shows the old value of a
     # field just written is neither written again nor reported as drift.
     settle_seconds: float = 0.0
+    # `spec.access`: the IAM actions each level grants (cumulative: `write` holds `read`'s),
+    # on the resources `access_resources` derives from the cloud resource's ARN. Empty: the
+    # kind offers no `spec.access`.
+    access_actions: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    access_resources: Callable[[str], list[str]] = lambda arn: [arn]
+
+
+def levels(
+    read: tuple[str, ...], write: tuple[str, ...], admin: tuple[str, ...]
+) -> dict[str, tuple[str, ...]]:
+    """The actions of the three access levels, each holding the ones below it."""
+    return {"read": read, "write": read + write, "admin": read + write + admin}
 
 
 def owner_of(tags: dict[str, str]) -> str:

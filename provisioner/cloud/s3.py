@@ -15,6 +15,7 @@ from provisioner.cloud.base import (
     KindDescriptor,
     Observation,
     OwnedResource,
+    levels,
     owner_of,
 )
 from provisioner.models import Resource
@@ -301,6 +302,40 @@ def list_buckets(aws: Aws, region: str) -> Iterator[OwnedResource]:
         yield OwnedResource(KIND.kind, bucket["Name"], {t["Key"]: t["Value"] for t in tag_set})
 
 
+# spec.access: AWS's access levels (Service Authorization Reference, "Actions defined by
+# Amazon S3"): `read` holds only Read and List actions; no level deletes the bucket or changes
+# what the spec owns (policy, tags, versioning, lifecycle, encryption, public access).
+ACCESS = levels(
+    read=(
+        "s3:GetObject",
+        "s3:GetObjectVersion",
+        "s3:ListBucket",
+        "s3:ListBucketVersions",
+        "s3:GetBucketLocation",
+    ),
+    write=(
+        "s3:PutObject",
+        "s3:DeleteObject",
+        "s3:DeleteObjectVersion",
+        "s3:AbortMultipartUpload",
+        "s3:ListMultipartUploadParts",
+        "s3:ListBucketMultipartUploads",
+    ),
+    admin=(
+        "s3:GetObjectAcl",
+        "s3:PutObjectAcl",
+        "s3:GetObjectTagging",
+        "s3:PutObjectTagging",
+        "s3:DeleteObjectTagging",
+        "s3:RestoreObject",
+        "s3:GetBucketCORS",
+        "s3:PutBucketCORS",
+        "s3:GetBucketNotification",
+        "s3:PutBucketNotification",
+    ),
+)
+
+
 KIND = KindDescriptor(
     kind="S3Bucket",
     plural="s3buckets",
@@ -312,6 +347,9 @@ KIND = KindDescriptor(
     derive_name=lambda namespace, name, uid, spec: naming.bucket_name(namespace, name, uid),
     client=S3Client,
     list_resources=list_buckets,
+    access_actions=ACCESS,
+    # The bucket (ListBucket, GetBucketLocation, ...) and every object in it.
+    access_resources=lambda arn: [arn, f"{arn}/*"],
     error_codes=ErrorCodes(
         not_found=frozenset(
             {

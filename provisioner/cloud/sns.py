@@ -20,6 +20,7 @@ from provisioner.cloud.base import (
     KindDescriptor,
     Observation,
     OwnedResource,
+    levels,
     owner_of,
 )
 from provisioner.models import Resource
@@ -149,6 +150,15 @@ def list_topics(aws: Aws, region: str) -> Iterator[OwnedResource]:
             yield OwnedResource(KIND.kind, arn.rsplit(":", 1)[-1], tags)
 
 
+# spec.access (Service Authorization Reference, "Actions defined by Amazon SNS"): no level
+# deletes the topic or sets the attributes the spec owns.
+ACCESS = levels(
+    read=("sns:GetTopicAttributes", "sns:ListSubscriptionsByTopic", "sns:ListTagsForResource"),
+    write=("sns:Publish",),
+    admin=("sns:Subscribe", "sns:ConfirmSubscription"),
+)
+
+
 KIND = KindDescriptor(
     kind="Topic",
     plural="topics",
@@ -164,6 +174,7 @@ KIND = KindDescriptor(
     ),
     client=SnsClient,
     list_resources=list_topics,
+    access_actions=ACCESS,
     error_codes=ErrorCodes(
         not_found=frozenset({"NotFoundException"}),
         retryable=frozenset({"Throttled", "ConcurrentAccess", "ConcurrentAccessException"}),

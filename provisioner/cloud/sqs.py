@@ -20,6 +20,7 @@ from provisioner.cloud.base import (
     KindDescriptor,
     Observation,
     OwnedResource,
+    levels,
     owner_of,
 )
 from provisioner.models import Dependency, Resource
@@ -254,6 +255,28 @@ def list_queues(aws: Aws, region: str) -> Iterator[OwnedResource]:
             yield OwnedResource(KIND.kind, url.rsplit("/", 1)[-1], tags)
 
 
+# spec.access (Service Authorization Reference, "Actions defined by Amazon SQS"): `read`
+# holds Read and List actions only, so it receives but cannot delete what it received (a
+# consumer that removes messages needs `write`); no level deletes the queue or sets the
+# attributes the spec owns.
+ACCESS = levels(
+    read=(
+        "sqs:GetQueueAttributes",
+        "sqs:GetQueueUrl",
+        "sqs:ListQueueTags",
+        "sqs:ListDeadLetterSourceQueues",
+        "sqs:ReceiveMessage",
+    ),
+    write=("sqs:SendMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility"),
+    admin=(
+        "sqs:PurgeQueue",
+        "sqs:StartMessageMoveTask",
+        "sqs:CancelMessageMoveTask",
+        "sqs:ListMessageMoveTasks",
+    ),
+)
+
+
 KIND = KindDescriptor(
     kind="Queue",
     plural="queues",
@@ -267,6 +290,7 @@ KIND = KindDescriptor(
     ),
     client=SqsClient,
     list_resources=list_queues,
+    access_actions=ACCESS,
     dependencies=dependencies,
     error_codes=ErrorCodes(
         not_found=frozenset({"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"}),

@@ -51,6 +51,12 @@ Checks that fail the render with a message instead of shipping something that ca
 {{- fail (printf "watchNamespaces: %q is not a namespace name; globs and patterns are refused because the chart grants a Role in each listed namespace" .) }}
 {{- end }}
 {{- end }}
+{{- if and (eq .Values.access.mode "irsa") (not .Values.access.oidcIssuer) }}
+{{- fail "access.mode=irsa needs access.oidcIssuer: the cluster's OIDC issuer URL" }}
+{{- end }}
+{{- if and (eq .Values.access.mode "pod-identity") (not .Values.access.eksCluster) }}
+{{- fail "access.mode=pod-identity needs access.eksCluster: the EKS cluster's name" }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -105,6 +111,13 @@ that a new kind's CRD is all the RBAC needs: "databaseinstances, queues, s3bucke
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
+{{- if eq .Values.access.mode "irsa" }}
+# spec.access with IRSA: read a granted ServiceAccount by name, and set or remove its
+# eks.amazonaws.com/role-arn annotation. No list, watch, create or delete.
+- apiGroups: [""]
+  resources: [serviceaccounts]
+  verbs: [get, patch]
+{{- end }}
 {{- end }}
 
 {{/* kopf peering: keep-alives are merge-patches to one named object, which the resync loop
