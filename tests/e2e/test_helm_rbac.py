@@ -509,3 +509,32 @@ def test_operator_runs_on_the_chart_permissions_alone(kube, aws, namespaced):
         if REFUSED.search(LOG_PREFIX.sub("", line, count=1))
     ]
     assert not refused, f"refused in {log}: {refused[:3]}"
+
+
+def test_access_irsa_adds_only_get_and_patch_on_serviceaccounts(helm):
+    """access.mode=irsa: the operator reads a granted ServiceAccount and sets its role
+    annotation; nothing else is added, and nothing at all without it."""
+
+    def rules(*sets: str) -> list[dict]:
+        args = ["template", "r", str(CHART), "--namespace", "x"]
+        for s in sets:
+            args += ["--set", s]
+        docs = [d for d in yaml.safe_load_all(helm(*args).stdout) if d]
+        return [
+            rule
+            for d in docs
+            if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "r-provisioner"
+            for rule in d["rules"]
+        ]
+
+    default = rules()
+    assert default
+    assert not any("serviceaccounts" in rule["resources"] for rule in default)
+    irsa = rules("access.mode=irsa", "access.oidcIssuer=https://oidc.example/id/X")
+    assert [rule for rule in irsa if rule not in default] == [
+        {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["get", "patch"]}
+    ]
+    assert rules("access.mode=pod-identity", "access.eksCluster=prod") == default
+    missing = helm("template", "r", str(CHART), "--set", "access.mode=irsa", check=False)
+    assert missing.returncode != 0
+    assert "access.oidcIssuer" in missing.stderr
