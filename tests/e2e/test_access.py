@@ -405,34 +405,44 @@ def test_an_annotation_or_a_role_of_someone_else_is_never_taken_over(kube, cloud
     assert role_exists(cloud, squatted_role)
 
 
-def test_killed_between_create_role_and_the_annotation_converges_to_one_role(kube, cluster, cloud):
+@pytest.mark.parametrize("point", ["after-create-role", "after-put-policy", "after-delete-policy"])
+def test_killed_between_the_iam_calls_converges_to_one_role(kube, cluster, cloud, point):
+    """SIGKILL between CreateRole and PutRolePolicy, between PutRolePolicy and the annotation,
+    and, at deletion, between DeleteRolePolicy and DeleteRole: one role while granted,
+    nothing left once the resource is gone."""
+    deleting = point == "after-delete-policy"
     with own_namespace(cluster, "own-access-kill") as ns, operators(cluster, ns) as start:
         kube.kubectl("create", "serviceaccount", "worker", "-n", ns)
-        doomed = start_access_operator(
-            start, cloud, env={"PROVISIONER_CRASHPOINTS": "after-create-role"}
-        )
+        role = role_name(ns, "worker")
+        doomed = start_access_operator(start, cloud, env={"PROVISIONER_CRASHPOINTS": point})
         apply(
             kube,
             ns,
             manifests([("Queue", "tasks", "{access: [{serviceAccountName: worker}]}")]),
         )
+        if deleting:
+            wait_ready(kube, "queue", ns, "tasks")
+            kube.kubectl("delete", "queue", "tasks", "-n", ns, "--wait=false")
         wait_killed(doomed)
-        role = role_name(ns, "worker")
         assert role_exists(cloud, role)
-        assert sa_annotation(kube, ns, "worker") is None
-        # Recorded before the create: the grant is known whatever happens next.
-        assert (
-            get(kube, "queue", ns, "tasks")["status"]["access"][0]["serviceAccountName"] == "worker"
-        )
+        if deleting:
+            assert policies(cloud, role) == {}  # the policy went, the role not yet
+        else:
+            assert sa_annotation(kube, ns, "worker") is None
+            # Recorded before the create: the grant is known whatever happens next.
+            (entry,) = get(kube, "queue", ns, "tasks")["status"]["access"]
+            assert entry["serviceAccountName"] == "worker"
         start_access_operator(start, cloud)
-        cr = wait_ready(kube, "queue", ns, "tasks")
-        arn = cr["status"]["access"][0]["roleArn"]
-        assert sa_annotation(kube, ns, "worker") == arn
-        listed = cloud.client("iam").list_roles(PathPrefix="/provisioner/")["Roles"]
-        assert [r["RoleName"] for r in listed if r["RoleName"].startswith(f"{ns}-")] == [role]
-        assert len(policies(cloud, role)) == 1
-        kube.kubectl("delete", "queue", "tasks", "-n", ns)
+        if not deleting:
+            cr = wait_ready(kube, "queue", ns, "tasks")
+            assert sa_annotation(kube, ns, "worker") == cr["status"]["access"][0]["roleArn"]
+            listed = cloud.client("iam").list_roles(PathPrefix="/provisioner/")["Roles"]
+            assert [r["RoleName"] for r in listed if r["RoleName"].startswith(f"{ns}-")] == [role]
+            assert len(policies(cloud, role)) == 1
+            kube.kubectl("delete", "queue", "tasks", "-n", ns, "--wait=false")
+        wait_gone(kube, "queue", ns, "tasks")
         assert not role_exists(cloud, role)
+        assert sa_annotation(kube, ns, "worker") is None
 
 
 def test_access_is_refused_where_the_operator_grants_none(kube, namespace, operator):
