@@ -5,6 +5,7 @@ moto's IAM), and the leak finder's IAM roles."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import json
 from typing import Any
@@ -15,6 +16,7 @@ from provisioner import conditions as cond
 from provisioner import leaks
 from provisioner.access import Access
 from provisioner.cloud import iam
+from provisioner.cloud.assume import AccountRef
 from provisioner.cloud.iam import AccessSettings, Association, IamClient
 from tests.cloud.conftest import build_resource
 from tests.unit.fakes import FakeKube
@@ -106,8 +108,6 @@ def test_pod_identity_association_with_another_role_is_left_alone(aws):
 
 
 def test_pod_identity_refuses_a_resource_in_another_account(aws):
-    from provisioner.cloud.assume import AccountRef
-
     granter, _, _ = access(aws)
     elsewhere = dataclasses.replace(
         granting("pi-c", ("web", "read")),
@@ -151,3 +151,69 @@ def test_leaks_lists_a_role_nobody_grants_and_a_policy_whose_resource_is_gone(aw
         ("IAMRole", iam.role_name(CLUSTER, "leaky", "old")),
         ("IAMRolePolicy", f"{kept}/Queue.gone.0123456789"),
     ]
+
+
+class ServiceAccounts(FakeKube):
+    """FakeKube with ServiceAccounts, as IRSA grants read and annotate them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.service_accounts: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def get_service_account(self, namespace: str, name: str) -> dict[str, Any] | None:
+        found = self.service_accounts.get((namespace, name))
+        return copy.deepcopy(found) if found is not None else None
+
+    def annotate_service_account(self, namespace, name, key, value, resource_version) -> None:
+        meta = self.service_accounts[(namespace, name)]["metadata"]
+        assert meta["resourceVersion"] == resource_version
+        meta.setdefault("annotations", {})[key] = value
+
+    def remove_service_account_annotation(self, namespace, name, key, value) -> bool:
+        annotations = self.service_accounts[(namespace, name)]["metadata"].get("annotations", {})
+        if annotations.get(key) != value:
+            return False
+        del annotations[key]
+        return True
+
+
+def test_an_irsa_grant_lives_in_the_cloud_account_of_its_resource(aws):
+    """The role, its trust and its OIDC provider are in the resource's account, not the
+    operator's own (moto acts in the account of the role assumed)."""
+    team_b = AccountRef("team-b", "222222222222", "arn:aws:iam::222222222222:role/provisioner")
+    issuer = "https://oidc.eks.eu-west-1.amazonaws.com/id/TEAMB"
+    kube = ServiceAccounts()
+    kube.service_accounts[("acc-b", "web")] = {"metadata": {"name": "web", "resourceVersion": "7"}}
+    granter = Access(AccessSettings("irsa", oidc_issuer=issuer), CLUSTER, aws, kube, _run)  # type: ignore[arg-type]
+    queue = dataclasses.replace(granting("acc-b", ("web", "read")), account=team_b)
+    arn = "arn:aws:sqs:us-east-1:222222222222:acc-b-queue"
+    role = iam.role_name(CLUSTER, "acc-b", "web")
+    provider = "arn:aws:iam::222222222222:oidc-provider/oidc.eks.eu-west-1.amazonaws.com/id/TEAMB"
+
+    refused = asyncio.run(granter.converge(queue, arn))
+    assert refused is not None and refused.problem is not None
+    assert refused.problem.reason == cond.OIDC_PROVIDER_NOT_FOUND
+    assert provider in refused.problem.message
+    team_b_iam = aws.client("iam", None, team_b)
+    with pytest.raises(Exception, match="NoSuchEntity"):
+        team_b_iam.get_role(RoleName=role)
+
+    team_b_iam.create_open_id_connect_provider(
+        Url=issuer, ClientIDList=["sts.amazonaws.com"], ThumbprintList=["b" * 40]
+    )
+    outcome = asyncio.run(granter.converge(queue, arn))
+    assert outcome is not None and outcome.problem is None
+    (entry,) = outcome.entries
+    assert entry["roleArn"] == f"arn:aws:iam::222222222222:role/provisioner/{role}"
+    made = team_b_iam.get_role(RoleName=role)["Role"]
+    assert made["AssumeRolePolicyDocument"]["Statement"][0]["Principal"] == {"Federated": provider}
+    with pytest.raises(Exception, match="NoSuchEntity"):
+        aws.client("iam").get_role(RoleName=role)  # not in the operator's own account
+    meta = kube.service_accounts[("acc-b", "web")]["metadata"]
+    assert meta["annotations"][iam.ROLE_ANNOTATION] == entry["roleArn"]
+
+    queue = dataclasses.replace(queue, status={"access": outcome.entries})
+    assert asyncio.run(granter.revoke_all(queue)) == ["web"]
+    with pytest.raises(Exception, match="NoSuchEntity"):
+        team_b_iam.get_role(RoleName=role)
+    assert iam.ROLE_ANNOTATION not in meta["annotations"]
