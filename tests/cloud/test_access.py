@@ -184,7 +184,7 @@ def test_an_irsa_grant_lives_in_the_cloud_account_of_its_resource(aws):
     issuer = "https://oidc.eks.eu-west-1.amazonaws.com/id/TEAMB"
     kube = ServiceAccounts()
     kube.service_accounts[("acc-b", "web")] = {"metadata": {"name": "web", "resourceVersion": "7"}}
-    granter = Access(AccessSettings("irsa", oidc_issuer=issuer), CLUSTER, aws, kube, _run)  # type: ignore[arg-type]
+    granter = Access(AccessSettings("irsa", oidc_issuer=issuer), CLUSTER, aws, kube, _run)
     queue = dataclasses.replace(granting("acc-b", ("web", "read")), account=team_b)
     arn = "arn:aws:sqs:us-east-1:222222222222:acc-b-queue"
     role = iam.role_name(CLUSTER, "acc-b", "web")
