@@ -14,6 +14,10 @@ DRIFT_POLICY = f"{GROUP}/drift-policy"
 ADOPT = f"{GROUP}/adopt"
 # Any new value: set a new database master password, then update the Secret.
 ROTATE_PASSWORD_AT = f"{GROUP}/rotate-password-at"
+# "true": observe the cloud and write status.plan (what a pass would do); no cloud write.
+PLAN_ONLY = f"{GROUP}/plan-only"
+# Set by the API server (the chart's admission policy) at creation: who asked for it.
+REQUESTED_BY = f"{GROUP}/requested-by"
 
 # On a Namespace: the CloudAccount its resources use when they name none.
 DEFAULT_ACCOUNT = f"{GROUP}/default-account"

@@ -9,6 +9,7 @@ from typing import Any
 READY = "Ready"
 SYNCED = "Synced"
 DRIFTED = "Drifted"
+EXPIRING = "Expiring"
 
 # Ready reasons
 AVAILABLE = "Available"
@@ -22,6 +23,11 @@ RECONCILE_ERROR = "ReconcileError"
 INVALID_SPEC = "InvalidSpec"
 NAME_CONFLICT = "NameConflict"
 PAUSED = "Paused"
+# plan-only annotation: observed, status.plan written, nothing applied
+PLAN_ONLY = "PlanOnly"
+# Expiring reasons (spec.ttl, spec.expiresAt)
+EXPIRY_SCHEDULED = "Scheduled"
+EXPIRES_SOON = "ExpiresSoon"
 # Synced reasons of the account a resource lives in (no cloud call in any account)
 ACCOUNT_NOT_FOUND = "AccountNotFound"
 ACCOUNT_NOT_ALLOWED = "AccountNotAllowed"

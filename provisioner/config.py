@@ -38,6 +38,9 @@ class Settings:
     manage_accounts: bool | None = None
     # spec.access: off, irsa or pod-identity (provisioner/cloud/iam.py), and what each needs.
     access: str = "off"
+    # spec.ttl / spec.expiresAt: the Warning Event and condition Expiring come this long before
+    # the deletion (or half the lifetime, when that is shorter).
+    expiry_warning_seconds: float = 3600.0
     oidc_issuer: str = ""
     eks_cluster: str = ""
 
@@ -75,6 +78,7 @@ class Settings:
             accounts=_env("PROVISIONER_ACCOUNTS", "on").lower() not in ("off", "false", "0"),
             manage_accounts=_switch(_env("PROVISIONER_MANAGE_ACCOUNTS")),
             access=_env("PROVISIONER_ACCESS", "off").lower() or "off",
+            expiry_warning_seconds=float(_env("PROVISIONER_EXPIRY_WARNING_SECONDS", "3600")),
             oidc_issuer=_env("PROVISIONER_OIDC_ISSUER"),
             eks_cluster=_env("PROVISIONER_EKS_CLUSTER"),
         )
@@ -137,6 +141,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="keep CloudAccounts' status and finalizer (default: on when cluster-wide)",
     )
     parser.add_argument(
+        "--expiry-warning-seconds",
+        type=float,
+        help="how long before a spec.ttl/expiresAt deletion the Expiring Event comes (3600; "
+        "at most half the lifetime)",
+    )
+    parser.add_argument(
         "--access",
         choices=["off", "irsa", "pod-identity"],
         help="grant spec.access through IAM roles for ServiceAccounts (irsa) or EKS Pod "
@@ -174,6 +184,7 @@ def from_args(args: argparse.Namespace) -> Settings:
             "accounts": None if args.accounts is None else args.accounts == "on",
             "manage_accounts": _switch(args.manage_accounts or ""),
             "access": args.access,
+            "expiry_warning_seconds": args.expiry_warning_seconds,
             "oidc_issuer": args.oidc_issuer,
             "eks_cluster": args.eks_cluster,
         }.items()

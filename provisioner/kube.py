@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import secrets
 import socket
+import time
 from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import kubernetes
@@ -41,6 +43,24 @@ class Kube:
         config = config or load_config()
         config.connection_pool_maxsize = pool_size
         self.api = kubernetes.client.ApiClient(configuration=config)
+        # The API server's clock minus ours (seconds), from its answers' Date headers: times
+        # that count (spec.ttl) are the API server's, never this pod's.
+        self.skew = 0.0
+
+    def server_now(self) -> datetime:
+        """The API server's time now, as far as its last answer tells."""
+        return datetime.fromtimestamp(time.time() + self.skew, UTC)
+
+    def _clock(self, resp: object) -> None:
+        getheader = getattr(resp, "getheader", None)
+        date = getheader("Date") if getheader else None
+        if not date:
+            return
+        try:
+            # Date has whole seconds: the server's clock is at least that, within a second.
+            self.skew = parsedate_to_datetime(str(date)).timestamp() + 0.5 - time.time()
+        except (TypeError, ValueError):
+            pass
 
     def request(
         self,
@@ -65,6 +85,7 @@ class Kube:
         except ApiException as exc:
             raise KubeError(int(exc.status or 0), str(exc.reason), str(exc.reason)) from None
         data = resp.read()
+        self._clock(resp)
         if resp.status == 404:
             return None
         if resp.status >= 400:
@@ -148,6 +169,16 @@ class Kube:
 
     def get_resource(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         return self.request("GET", self._cr_path(kind, namespace, name))
+
+    def delete_resource(self, kind: str, namespace: str, name: str, uid: str) -> None:
+        """Delete it if it still is the object `uid` (a 409 otherwise, ignored)."""
+        try:
+            self.request(
+                "DELETE", self._cr_path(kind, namespace, name), {"preconditions": {"uid": uid}}
+            )
+        except KubeError as exc:
+            if exc.status != 409:
+                raise
 
     def patch_status(self, kind: str, namespace: str, name: str, status: dict[str, Any]) -> None:
         self.request(

@@ -8,8 +8,10 @@ object itself (derived names).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from provisioner import annotation_keys
@@ -71,6 +73,10 @@ class Resource:
     account: AccountRef | None = None
     # spec.access: (ServiceAccount name, level) in the order written.
     access: tuple[tuple[str, str], ...] = ()
+    # When the operator deletes it (spec.ttl from metadata.creationTimestamp, or
+    # spec.expiresAt; both API server times); None: never.
+    expires_at: datetime | None = None
+    created_at: datetime | None = None
 
     @classmethod
     def from_body(
@@ -106,6 +112,10 @@ class Resource:
             dependencies=tuple(descriptor.dependencies(spec)),
             spec_account=str(raw_spec.get("account") or ""),
             spec_region=str(raw_spec.get("region") or ""),
+            expires_at=expiry(raw_spec, meta.get("creationTimestamp")),
+            created_at=parse_time(meta["creationTimestamp"])
+            if meta.get("creationTimestamp")
+            else None,
             access=tuple(
                 (str(g.get("serviceAccountName") or ""), str(g.get("level") or "read"))
                 for g in raw_spec.get("access") or []
@@ -154,5 +164,39 @@ class Resource:
         return bool(value) and value != self.status.get("lastPasswordRotation")
 
     @property
+    def plan_only(self) -> bool:
+        return annotation_keys.is_true(self.annotation(annotation_keys.PLAN_ONLY))
+
+    @property
+    def requested_by(self) -> str:
+        return self.annotation(annotation_keys.REQUESTED_BY)
+
+    @property
     def ref(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+
+DURATION = re.compile(r"(\d+)([dhms])")
+UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+
+
+def parse_duration(text: str) -> timedelta:
+    """`72h`, `1h30m`, `7d`, `90s` (the CRD's pattern allows nothing else)."""
+    parts = DURATION.findall(text or "")
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"not a duration: {text!r} (e.g. 72h, 1h30m, 7d)")
+    return timedelta(seconds=sum(int(n) * UNITS[u] for n, u in parts))
+
+
+def parse_time(text: str) -> datetime:
+    found = datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+    return found if found.tzinfo else found.replace(tzinfo=UTC)
+
+
+def expiry(spec: Mapping[str, Any], created: str | None) -> datetime | None:
+    """spec.expiresAt, or metadata.creationTimestamp + spec.ttl; None without either."""
+    if spec.get("expiresAt"):
+        return parse_time(str(spec["expiresAt"]))
+    if spec.get("ttl") and created:
+        return parse_time(created) + parse_duration(str(spec["ttl"]))
+    return None

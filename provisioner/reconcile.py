@@ -117,6 +117,39 @@ def requested_fields(
     return Requested(frozenset(f"spec.{k}" for k in keys if last_handled.get(k) != current.get(k)))
 
 
+# The Events of a change in the cloud (or of the resource's end): they name who asked.
+CLOUD_CHANGES = frozenset(
+    {
+        "Created",
+        "Updated",
+        "Deleted",
+        "Retained",
+        "Adopted",
+        "Drifted",
+        "Vanished",
+        "PasswordChanged",
+        "AccessGranted",
+        "AccessRevoked",
+        "Expired",
+    }
+)
+
+
+def _shown(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, default=str)
+
+
+def planned(resource: Resource, requested: Requested) -> Requested:
+    """After a plan, the changes it listed count as requested (the user saw and approved
+    them), even where kopf already took the spec as handled while it was planned only."""
+    plan = resource.status.get("plan") or {}
+    if resource.plan_only or not plan.get("changes") or requested.everything:
+        return requested
+    fields = {str(c.get("field") or "") for c in plan["changes"]}
+    tops = {"spec.tags" if f == "tags" else ".".join(f.split(".")[:2]) for f in fields if f}
+    return Requested(requested.paths | frozenset(tops))
+
+
 @dataclass
 class Event:
     type: str  # Normal | Warning
@@ -457,6 +490,8 @@ class Reconciler:
         pending, then "available; Secret written", is one state).
         """
         for event in result.events:
+            if event.reason in CLOUD_CHANGES:
+                event = self._attributed(resource, event)
             self.post_event(body, event)
         for c in result.conditions:
             if c.type not in (cond.READY, cond.SYNCED) or not cond.changed(resource.status, c):
@@ -479,10 +514,183 @@ class Reconciler:
                 cond.CREATING,
                 cond.DELETING,
                 cond.WAITING_FOR_DEPENDENCY,
+                cond.PLAN_ONLY,
             )
             self.post_event(
                 body, Event("Normal" if quiet else "Warning", c.reason, c.message or c.reason)
             )
+
+    @staticmethod
+    def _attributed(resource: Resource, event: Event) -> Event:
+        """A cloud change's Event names who asked for the resource, and is logged (JSON logs
+        carry `requested_by`, `resource_kind`, `resource_namespace`, `resource_name` and
+        `event_reason` as fields)."""
+        who = resource.requested_by
+        message = f"{event.message} (requested by {who})" if who else event.message
+        log.info(
+            "%s %s: %s",
+            resource.ref,
+            event.reason,
+            message,
+            extra={
+                "requested_by": who,
+                "resource_kind": resource.kind,
+                "resource_namespace": resource.namespace,
+                "resource_name": resource.name,
+                "event_reason": event.reason,
+            },
+        )
+        return Event(event.type, event.reason, message)
+
+    # -- plans and expiry --------------------------------------------------------------
+
+    async def _plan(self, resource: Resource) -> tuple[Result, Resource]:
+        """plan-only: what a pass would do, in status.plan. Reads only: no cloud write, no
+        Secret, no status pin; the spec is not handled (observedGeneration stays)."""
+        name = resource.external_name
+        changes: list[dict[str, str]] = []
+        try:
+            resource = await self._place(resource)
+            action, reason = await self._planned_action(resource, changes)
+        except AccountRefused as exc:
+            action, reason = "Blocked", f"{exc.reason}: {exc.message}"
+        except errors.CloudError as exc:
+            action, reason = "Blocked", f"the cloud could not be observed: {exc}"
+        plan = {
+            "action": action,
+            "reason": reason,
+            "changes": changes,
+            "generation": resource.generation,
+            "plannedAt": self.kube.server_now().strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+        message = (
+            f"plan-only ({action}): {reason}; remove the {annotation_keys.PLAN_ONLY} "
+            "annotation to apply it"
+        )
+        conditions = [cond.Condition(cond.SYNCED, False, cond.PLAN_ONLY, message)]
+        if not cond.find(resource.status.get("conditions"), cond.READY):
+            conditions.insert(
+                0, cond.Condition(cond.READY, False, cond.PLAN_ONLY, f"{name}: planned only")
+            )
+        return Result(conditions=conditions, fields={"plan": plan}, for_generation=False), resource
+
+    async def _planned_action(
+        self, resource: Resource, changes: list[dict[str, str]]
+    ) -> tuple[str, str]:
+        name, kind = resource.external_name, resource.kind
+        for dependency in resource.dependencies:
+            if await self._ready_arn(resource.namespace, dependency) is None:
+                return "Blocked", f"waiting for {dependency.role} {dependency.name} to be Ready"
+        client = self.clients[kind]
+        obs = await self.in_thread(client.observe, resource)
+        where = f"{_where(resource.account.name if resource.account else '')}, {resource.region}"
+        if obs.exists and not self._is_ours(resource, obs):
+            owner = f"owned by {obs.owner_uid}" if obs.owner_uid else "not created by this operator"
+            return (
+                "Blocked",
+                f"{name} exists in the cloud and is {owner}: it would be left untouched",
+            )
+        if not obs.exists:
+            return "Create", f"create {kind} {name} in {where}"
+        if not obs.diffs:
+            return "None", f"{name} matches the spec: nothing to do"
+        for d in obs.diffs:
+            changes.append(
+                {"field": d.field, "cloud": _shown(d.observed), "spec": _shown(d.desired)}
+            )
+        kept = [d.field for d in obs.diffs if resource.drift_report_only]
+        fields = ", ".join(d.field for d in obs.diffs)
+        if kept:
+            return (
+                "Update",
+                f"update {name}: {fields} (drift-policy report: only the fields changed in "
+                "the spec are written)",
+            )
+        return "Update", f"update {name}: {fields}"
+
+    def _against_plan(self, resource: Resource, obs: Observation, events: list[Event]) -> None:
+        """Applying after a plan: say what differs from what the plan said."""
+        plan = resource.status.get("plan") or {}
+        if obs.exists and not self._is_ours(resource, obs):
+            action = "Blocked"
+        elif not obs.exists:
+            action = "Create"
+        else:
+            action = "Update" if obs.diffs else "None"
+        now = {d.field: _shown(d.desired) for d in obs.diffs}
+        then = {c.get("field"): c.get("spec") for c in plan.get("changes") or []}
+        differences = []
+        if plan.get("generation") != resource.generation:
+            differences.append(
+                f"the spec changed since (planned generation {plan.get('generation')}, "
+                f"now {resource.generation})"
+            )
+        if plan.get("action") != action:
+            differences.append(f"the plan said {plan.get('action')}, the cloud now needs {action}")
+        elif action == "Update" and now != then:
+            differences.append(f"the plan changed {sorted(then)}, now {sorted(now)}")
+        if differences:
+            events.append(Event("Warning", "PlanChanged", "; ".join(differences)))
+
+    def _expiry(self, resource: Resource, result: Result) -> None:
+        """status.expiresAt and the condition Expiring, with a Warning Event when it begins."""
+        expires = resource.expires_at
+        had = cond.find(resource.status.get("conditions"), cond.EXPIRING)
+        if expires is None:
+            result.fields["expiresAt"] = None
+            if had is not None and had.get("status") == "True":
+                result.conditions.append(
+                    cond.Condition(cond.EXPIRING, False, cond.EXPIRY_SCHEDULED, "no expiry")
+                )
+            return
+        at = expires.strftime("%Y-%m-%dT%H:%M:%SZ")
+        result.fields["expiresAt"] = at
+        left = (expires - self.kube.server_now()).total_seconds()
+        if left > self.warning_seconds(resource):
+            result.conditions.append(
+                cond.Condition(cond.EXPIRING, False, cond.EXPIRY_SCHEDULED, f"deleted at {at}")
+            )
+            return
+        message = (
+            f"deleted at {at} (in {max(0, round(left))} s); "
+            f"deletionPolicy {resource.deletion_policy}"
+        )
+        soon = cond.Condition(cond.EXPIRING, True, cond.EXPIRES_SOON, message)
+        result.conditions.append(soon)
+        if had is None or had.get("status") != "True":
+            result.events.append(Event("Warning", "Expiring", message))
+
+    def warning_seconds(self, resource: Resource) -> float:
+        """How long before its expiry a resource says so: the configured time, or half its
+        lifetime when that is shorter."""
+        configured = self.settings.expiry_warning_seconds
+        if resource.expires_at is None or resource.created_at is None:
+            return configured
+        lifetime = (resource.expires_at - resource.created_at).total_seconds()
+        return max(0.0, min(configured, lifetime / 2))
+
+    async def expire(self, uid: str, kind: str, namespace: str, name: str) -> bool:
+        """Delete the resource if its expiry has come (by the API server's clock); False while
+        it has not (True: deleted, or nothing to do). The finalizer honours its deletionPolicy."""
+        body = await self.in_thread(self.kube.get_resource, kind, namespace, name)
+        meta = (body or {}).get("metadata") or {}
+        if not body or meta.get("uid") != uid or meta.get("deletionTimestamp"):
+            return True  # gone, or going already
+        body.setdefault("kind", kind)
+        resource = self.resource(body)
+        if resource.expires_at is None:
+            return True  # no expiry any more
+        if resource.expires_at > self.kube.server_now():
+            return False
+        await self.in_thread(self.kube.delete_resource, kind, namespace, name, uid)
+        at = resource.expires_at.strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = Event(
+            "Normal",
+            "Expired",
+            f"expired at {at}: deleted, deletionPolicy {resource.deletion_policy}",
+        )
+        self.post_event(body, self._attributed(resource, event))
+        return True
 
     # -- entry points ---------------------------------------------------------------
 
@@ -498,7 +706,7 @@ class Reconciler:
         resource): the fields that differ from it are the requested changes.
         """
         resource = self.resource(body)
-        requested = requested_fields(last_handled_spec, body.get("spec") or {})
+        requested = planned(resource, requested_fields(last_handled_spec, body.get("spec") or {}))
         async with self.passes_in_flight, self.locks[resource.uid]:
             self.failed_resyncs.discard(resource.uid)  # the change handlers retry from here
             self.requeued.discard(resource.uid)
@@ -523,11 +731,15 @@ class Reconciler:
         condition. Returns the outcome and the resource as placed (when it could be)."""
         events: list[Event] = []
         try:
-            resource = await self._place(resource)
-            result = await self._sync(resource, retry, requested, events, resync=resync)
+            if resource.plan_only:
+                result, resource = await self._plan(resource)
+            else:
+                resource = await self._place(resource)
+                result = await self._sync(resource, retry, requested, events, resync=resync)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a condition
             result = self._failure(resource, exc, retry)
             result.events[:0] = events  # what the pass did before it failed still happened
+        self._expiry(resource, result)
         synced = next((c for c in result.conditions if c.type == cond.SYNCED), None)
         if synced is not None and not synced.status and synced.reason in cond.ACCOUNT_REASONS:
             self.refused.add(resource.uid)
@@ -655,6 +867,8 @@ class Reconciler:
 
         conditions: list[cond.Condition] = []
         obs = await self._observe(client, resource, resync)
+        if resource.status.get("plan"):
+            self._against_plan(resource, obs, events)
         if obs.exists and not self._is_ours(resource, obs):
             return self._name_conflict(resource, obs)
         if not obs.exists:
@@ -667,6 +881,7 @@ class Reconciler:
             conditions.append(cond.Condition(cond.DRIFTED, False, cond.NO_DRIFT))
 
         fields = {
+            "plan": None,  # applied: a plan made before is done with
             "externalName": resource.external_name,
             "arn": obs.arn,
             **(await self.in_thread(self._placement_fields, resource)),

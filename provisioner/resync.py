@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -56,6 +57,9 @@ class ResyncScheduler:
         self.due: dict[str, tuple[float, str, str, str, str, str, Any]] = {}
         # uid -> monotonic time of a recheck asked for (`recheck`).
         self.rechecks: dict[str, float] = {}
+        # uid -> (monotonic time of its Expiring warning, of its expiry, kind, namespace, name)
+        # for resources with spec.ttl or spec.expiresAt.
+        self.expiries: dict[str, tuple[float, float, str, str, str]] = {}
         self._peering_cache: dict[str, tuple[float, bool]] = {}
         self._task: asyncio.Task[None] | None = None
 
@@ -74,6 +78,26 @@ class ResyncScheduler:
             resource.region,
             resource.external_name,
             resource.account,
+        )
+        self._track_expiry(resource)
+
+    def _track_expiry(self, resource: Resource) -> None:
+        """When to warn and when to delete, from the API server's clock (its answers' Date)."""
+        if resource.expires_at is None:
+            self.expiries.pop(resource.uid, None)
+            return
+        left = (resource.expires_at - self.reconciler.kube.server_now()).total_seconds()
+        deadline = time.monotonic() + left
+        warn = deadline - self.reconciler.warning_seconds(resource)
+        known = self.expiries.get(resource.uid)
+        if known is not None and known[0] == math.inf and warn <= time.monotonic():
+            warn = math.inf  # warned already
+        self.expiries[resource.uid] = (
+            warn,
+            deadline,
+            resource.kind,
+            resource.namespace,
+            resource.name,
         )
 
     @property
@@ -102,6 +126,7 @@ class ResyncScheduler:
     def untrack(self, uid: str) -> None:
         self.due.pop(uid, None)
         self.rechecks.pop(uid, None)
+        self.expiries.pop(uid, None)
 
     def recheck(self, uids: list[str], delay: float = 0.0) -> None:
         """A full pass of each of `uids` (tracked ones) at the next tick after `delay`."""
@@ -153,6 +178,7 @@ class ResyncScheduler:
         tick = max(0.2, min(1.0, self.settings.resync_seconds / 10))
         while True:
             await asyncio.sleep(tick)
+            await self._expire(time.monotonic())
             await self._rechecks(time.monotonic())
             if self.settings.resync_seconds <= 0:
                 continue
@@ -173,6 +199,25 @@ class ResyncScheduler:
                 *(self._one(uid, kind, ns, name) for uid, (_, kind, ns, name, *_) in ready),
                 return_exceptions=True,
             )
+
+    async def _expire(self, now: float) -> None:
+        """Warn (a full pass sets Expiring and posts the Event), then delete, when due."""
+        for uid, (warn, deadline, kind, namespace, name) in list(self.expiries.items()):
+            if deadline <= now:
+                if await self._paused(namespace):
+                    continue
+                try:
+                    done = await self.reconciler.expire(uid, kind, namespace, name)
+                except Exception:  # the next tick tries again
+                    log.exception("expiring %s %s/%s failed", kind, namespace, name)
+                    done = False
+                if done:
+                    self.expiries.pop(uid, None)
+                elif uid in self.expiries:  # not yet by the API server's clock, or failed
+                    self.expiries[uid] = (math.inf, now + 1.0, kind, namespace, name)
+            elif warn <= now:
+                self.expiries[uid] = (math.inf, deadline, kind, namespace, name)
+                self.recheck([uid])
 
     async def _rechecks(self, now: float) -> None:
         due = [uid for uid, at in self.rechecks.items() if at <= now]

@@ -88,10 +88,10 @@ that a new kind's CRD is all the RBAC needs: "databaseinstances, queues, s3bucke
   verbs: [list, watch, patch]
 # The operator reads one resource by name: the resource another one depends on (a Queue's
 # dead-letter target or the Topics it subscribes to), and each resource's current body at
-# its periodic resync.
+# its periodic resync; it deletes one whose spec.ttl or spec.expiresAt has come.
 - apiGroups: [cloud.provisioner.dev]
   resources: [{{ join ", " $plurals }}]
-  verbs: [get]
+  verbs: [get, delete]
 # Conditions, observedGeneration and kopf's progress are written to the status subresource.
 - apiGroups: [cloud.provisioner.dev]
   resources: [{{ range $i, $p := $plurals }}{{ if $i }}, {{ end }}{{ $p }}/status{{ end }}]
