@@ -214,7 +214,9 @@ ACCOUNT_WRITES = {
 def operator_rules(peering_plural: str | None) -> set[tuple[str, str, str]]:
     expected = set()
     for kind in KINDS:
-        expected |= {(f"{kind}.{GROUP}", "", v) for v in ("get", "list", "watch", "patch")}
+        # delete: a resource whose spec.ttl or spec.expiresAt has come
+        verbs = ("get", "list", "watch", "patch", "delete")
+        expected |= {(f"{kind}.{GROUP}", "", v) for v in verbs}
         expected.add((f"{kind}/status.{GROUP}", "", "patch"))
         expected.add((f"{kind}/finalizers.{GROUP}", "", "update"))
     expected |= {("secrets", "", v) for v in ("get", "create", "update", "delete")}
@@ -291,8 +293,8 @@ def test_namespaced_install_creates_only_namespaced_rbac(kube, namespaced):
         }
     ]
     kube.kubectl("get", "kopfpeering.kopf.dev", PEERING, "-n", own)
-    # Cluster-wide: only reading CloudAccounts and namespaces (bound), and the account-admin
-    # role for platform admins (bound to nobody).
+    # Cluster-wide: only reading CloudAccounts and namespaces (bound), the account-admin
+    # role for platform admins and the roles aggregated into view and edit (bound to nobody).
     selector = f"app.kubernetes.io/instance={name}"
     cluster_scoped = kube.kubectl(
         "get", "clusterroles,clusterrolebindings", "-l", selector, "-o", "name"
@@ -302,6 +304,9 @@ def test_namespaced_install_creates_only_namespaced_rbac(kube, namespaced):
             f"clusterrole.rbac.authorization.k8s.io/{full}-accounts",
             f"clusterrole.rbac.authorization.k8s.io/{full}-account-admin",
             f"clusterrolebinding.rbac.authorization.k8s.io/{full}-accounts",
+            # aggregated into the standard view/edit/admin roles, bound to nobody here
+            f"clusterrole.rbac.authorization.k8s.io/{full}-view",
+            f"clusterrole.rbac.authorization.k8s.io/{full}-edit",
         ]
     )
 
@@ -341,7 +346,7 @@ def test_cluster_wide_token_cannot_do_anything_else(kube, cluster_wide, namespac
         ("patch", "secrets", *ns),
         ("create", f"s3buckets.{GROUP}", *ns),
         ("update", f"s3buckets.{GROUP}", *ns),
-        ("delete", f"queues.{GROUP}", *ns),
+        ("deletecollection", f"queues.{GROUP}", *ns),
         ("create", "pods", *ns),
         ("create", "pods/exec", *ns),
         ("create", "deployments.apps", *ns),

@@ -114,6 +114,8 @@ def test_rendered_manifests_are_current(helm):
             "--namespace",
             "provisioner-system",
             "--include-crds",
+            "--api-versions",
+            "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy",
         ],
         capture_output=True,
         text=True,
@@ -149,6 +151,8 @@ def test_cluster_wide_mode(helm):
         ("ClusterRole", None),
         ("ClusterRole", None),
         ("ClusterRole", None),
+        ("ClusterRole", None),  # aggregated into view, edit and admin: bound to nobody here
+        ("ClusterRole", None),
         ("ClusterRoleBinding", None),
         ("ClusterRoleBinding", None),
         ("Deployment", "ops"),
@@ -170,7 +174,9 @@ def test_cluster_wide_mode(helm):
 
 
 def test_namespaced_mode_has_no_cluster_wide_permission(helm):
-    docs = render(helm, "watchNamespaces={team-a,team-b}", "accounts.enabled=false")
+    docs = render(
+        helm, "watchNamespaces={team-a,team-b}", "accounts.enabled=false", "aggregatedRoles=false"
+    )
     assert kinds(docs) == [
         ("Deployment", "ops"),
         ("KopfPeering", "team-a"),
@@ -253,7 +259,9 @@ def test_exact_rules(helm, replicas):
 
     crs = [k.plural for k in KINDS]
     expected = {
-        ("cloud.provisioner.dev", cr, v) for cr in crs for v in ("get", "list", "watch", "patch")
+        ("cloud.provisioner.dev", cr, v)
+        for cr in crs
+        for v in ("get", "list", "watch", "patch", "delete")  # delete: spec.ttl's expiry
     }
     expected |= {("cloud.provisioner.dev", f"{cr}/status", "patch") for cr in crs}
     expected |= {("cloud.provisioner.dev", f"{cr}/finalizers", "update") for cr in crs}
@@ -420,3 +428,31 @@ def test_every_registered_kind_has_its_crd_and_rbac():
             [f"{p}/finalizers" for p in plurals],
         ]
     )
+
+
+def test_aggregated_roles_give_view_reading_and_edit_writing(helm):
+    docs = render(helm)
+    roles = {
+        d["metadata"]["name"]: d
+        for d in docs
+        if d["kind"] == "ClusterRole"
+        and d["metadata"]["name"] in ("provisioner-view", "provisioner-edit")
+    }
+    view, edit = roles["provisioner-view"], roles["provisioner-edit"]
+    assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert "rbac.authorization.k8s.io/aggregate-to-view" not in edit["metadata"]["labels"]
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert {v for r in view["rules"] for v in r["verbs"]} == {"get", "list", "watch"}
+    assert not any("secrets" in r["resources"] for d in roles.values() for r in d["rules"])
+    assert not any("cloudaccounts" in r["resources"] for d in roles.values() for r in d["rules"])
+
+
+def test_policies_are_off_by_default_and_requested_by_needs_the_api(helm):
+    assert not [d for d in render(helm) if "AdmissionPolicy" in d["kind"]]
+    on = render(helm, "policy.enabled=true")
+    assert sorted(d["kind"] for d in on if "AdmissionPolicy" in d["kind"]) == [
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+        "ValidatingAdmissionPolicyBinding",
+    ]

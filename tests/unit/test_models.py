@@ -222,3 +222,36 @@ def test_external_name_depends_on_uid():
 def test_unknown_kind_raises():
     with pytest.raises(ValueError, match="unknown kind 'Widget'"):
         parse(body("Widget", {}))
+
+
+# spec.ttl and spec.expiresAt ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("30s", 30), ("72h", 259200), ("1h30m", 5400), ("7d", 604800), ("1d2h3m4s", 93784)],
+)
+def test_durations(text, seconds):
+    from provisioner.models import parse_duration
+
+    assert parse_duration(text).total_seconds() == seconds
+
+
+@pytest.mark.parametrize("text", ["", "3 days", "1.5h", "h", "10"])
+def test_durations_refused(text):
+    from provisioner.models import parse_duration
+
+    with pytest.raises(ValueError):
+        parse_duration(text)
+
+
+def test_expiry_counts_from_the_api_servers_creation_time():
+    from datetime import UTC, datetime
+
+    from provisioner.models import expiry
+
+    created = "2026-12-01T10:00:00Z"
+    assert expiry({"ttl": "90m"}, created) == datetime(2026, 12, 1, 11, 30, tzinfo=UTC)
+    at = {"expiresAt": "2026-12-24T18:00:00Z"}
+    assert expiry(at, created) == datetime(2026, 12, 24, 18, tzinfo=UTC)
+    assert expiry({}, created) is None
