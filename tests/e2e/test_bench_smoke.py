@@ -104,3 +104,18 @@ def test_bench_converge_smoke_aws_like(tmp_path):
     assert 0 < aws["bound_s"] <= aws["all_ready_s"]
     synced = figures["details"]["synced_false"]
     assert synced["throttling"] == 0 and synced["watch_events"] > 0
+
+
+def test_bench_access_smoke():
+    """bench/access.py: a steady pass costs two IAM reads per grant, and nothing is left."""
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "access.py"), "--grants", "3"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = {line.split()[0]: line for line in result.stdout.splitlines() if line.startswith("  ")}
+    assert lines["steady"].split()[2] == "2.00", result.stdout
+    assert "CreateRole 1" in lines["made"] and "DeleteRole 1" in lines["revoked"], result.stdout
