@@ -357,6 +357,18 @@ def test_leaks_looks_in_every_account(env):
             "provisioner.dev/name": orphan,
         },
     )
+    # And a spec.access role there that no resource grants any more.
+    role = f"gone-app-{suffix()}"
+    env.as_account(ACCOUNT_B, "iam", "us-east-1").create_role(
+        RoleName=role,
+        Path="/provisioner/",
+        AssumeRolePolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": []}),
+        Tags=[
+            {"Key": "provisioner.dev/cluster", "Value": "test"},
+            {"Key": "provisioner.dev/namespace", "Value": "gone"},
+            {"Key": "provisioner.dev/service-account", "Value": "app"},
+        ],
+    )
     found = subprocess.run(
         [sys.executable, "-m", "provisioner", "leaks", "--cluster-id=test"],
         env={
@@ -371,6 +383,10 @@ def test_leaks_looks_in_every_account(env):
     assert found.returncode == 1, found.stderr
     (line,) = [line for line in found.stdout.splitlines() if orphan in line]
     assert line.startswith("leaked") and f"in account {ACCOUNT_B}" in line, line
+    (line,) = [line for line in found.stdout.splitlines() if role in line]
+    assert line.split()[:2] == ["leaked", "IAMRole"], line
+    assert "gone/app" in line and f"in account {ACCOUNT_B}" in line, line
+    env.as_account(ACCOUNT_B, "iam", "us-east-1").delete_role(RoleName=role)
     env.as_account(ACCOUNT_B, "sqs", "eu-west-1").delete_queue(
         QueueUrl=env.as_account(ACCOUNT_B, "sqs", "eu-west-1").get_queue_url(QueueName=orphan)[
             "QueueUrl"
