@@ -171,7 +171,11 @@ def _leaked_roles(
         if entries:
             policies.add(iam.policy_name(cr["kind"], meta["name"], meta["uid"]))
     findings = []
+    seen: set[str] = set()
     for account_id, where, _ in places:
+        if account_id in seen:
+            continue  # IAM is global: one listing per account, however many CloudAccounts
+        seen.add(account_id)
         try:
             roles = list(iam.list_roles(where, cluster_id))
         except errors.NotSupportedError:
