@@ -436,7 +436,7 @@ def test_a_ttl_expires_with_the_event_first_and_the_deletion_policy_honoured(kub
     created = short["metadata"]["creationTimestamp"]
     expected = parse_time(created).timestamp() + 30
     assert parse_time(short["status"]["expiresAt"]).timestamp() == expected
-    assert "EXPIRES" in kube.kubectl("get", "queue", "-n", ns, "-o", "wide").stdout.splitlines()[0]
+    assert "EXPIRES" in kube.kubectl("get", "queue", "-n", ns).stdout.splitlines()[0]
 
     # Half the lifetime before (the default warning, an hour, is longer than that).
     expiring = wait_condition(
