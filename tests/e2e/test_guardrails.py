@@ -304,7 +304,9 @@ def queue_writes(kube, name: str, since: int) -> list[str]:
 
 
 @on_moto_only
-def test_a_plan_writes_nothing_and_removing_the_annotation_applies_it(kube, aws, namespace):
+def test_a_plan_writes_nothing_and_removing_the_annotation_applies_it(
+    kube, operator, aws, namespace
+):
     ns = namespace
     before = len(recording(kube))
     planned = (
@@ -388,7 +390,7 @@ def test_a_plan_writes_nothing_and_removing_the_annotation_applies_it(kube, aws,
 
 
 @on_moto_only
-def test_applying_says_what_changed_since_the_plan(kube, aws, namespace):
+def test_applying_says_what_changed_since_the_plan(kube, operator, aws, namespace):
     ns = namespace
     apply(kube, ns, manifests([("Queue", "moving", "{visibilityTimeoutSeconds: 30}")]))
     cr = wait_ready(kube, "queue", ns, "moving")
@@ -418,7 +420,9 @@ def test_applying_says_what_changed_since_the_plan(kube, aws, namespace):
 
 
 @on_moto_only
-def test_a_ttl_expires_with_the_event_first_and_the_deletion_policy_honoured(kube, aws, namespace):
+def test_a_ttl_expires_with_the_event_first_and_the_deletion_policy_honoured(
+    kube, operator, aws, namespace
+):
     ns = namespace
     apply(
         kube,
