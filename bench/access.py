@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import os
 import sys
 import tempfile
@@ -28,30 +27,16 @@ from provisioner.cloud.aws import CALLS, AwsSettings  # noqa: E402
 from provisioner.cloud.iam import AccessSettings  # noqa: E402
 from provisioner.kinds import make_aws, parse  # noqa: E402
 from provisioner.models import Resource  # noqa: E402
+from provisioner_dev.serviceaccounts import MemoryServiceAccounts  # noqa: E402
 from provisioner_dev.stack import DEV_CREDENTIALS, DEV_REGION, MotoServer  # noqa: E402
 
 ISSUER = "https://oidc.bench.example/id/BENCH"
 
 
-class ServiceAccounts:
-    """The two Kube calls IRSA grants make, and status patches, in memory."""
+class ServiceAccounts(MemoryServiceAccounts):
+    """The Kube calls of IRSA grants, in memory; status patches are not kept."""
 
-    def __init__(self) -> None:
-        self.accounts: dict[tuple[str, str], dict[str, Any]] = {}
-
-    def get_service_account(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self.accounts.get((namespace, name))
-
-    def annotate_service_account(self, namespace, name, key, value, resource_version) -> None:
-        self.accounts[(namespace, name)]["metadata"].setdefault("annotations", {})[key] = value
-
-    def remove_service_account_annotation(self, namespace, name, key, value) -> bool:
-        return (
-            self.accounts[(namespace, name)]["metadata"].get("annotations", {}).pop(key, None)
-            == value
-        )
-
-    def patch_status(self, kind, namespace, name, status) -> None:
+    def patch_status(self, kind: str, namespace: str, name: str, status: dict[str, Any]) -> None:
         pass
 
 
@@ -89,7 +74,7 @@ def main() -> int:
         resources: list[Resource] = []
         for i in range(args.grants):
             sa = f"sa-{i}"
-            kube.accounts[("bench", sa)] = {"metadata": {"name": sa, "resourceVersion": "1"}}
+            kube.add_service_account("bench", sa)
             body = {
                 "kind": "Queue",
                 "metadata": {"namespace": "bench", "name": f"q{i}", "uid": str(uuid.uuid4())},
@@ -98,18 +83,18 @@ def main() -> int:
             resources.append(parse(body, region=DEV_REGION, cluster_id="bench"))
         arn = "arn:aws:sqs:us-east-1:123456789012:q"
 
-        def each(step) -> None:
-            for i, r in enumerate(resources):
-                resources[i] = step(r) or r
+        def grant_all() -> None:  # status.access is kept on each resource as it goes
+            for resource in resources:
+                outcome = asyncio.run(access.converge(resource, arn))
+                assert outcome is not None and outcome.problem is None, outcome
 
-        def grant(r: Resource) -> Resource:
-            outcome = asyncio.run(access.converge(r, arn))
-            assert outcome is not None and outcome.problem is None, outcome
-            return dataclasses.replace(r, status={"access": outcome.entries})
+        def revoke_all() -> None:
+            for resource in resources:
+                asyncio.run(access.revoke_all(resource))
 
-        made = calls(lambda: each(grant))
-        steady = calls(lambda: each(grant))
-        revoked = calls(lambda: each(lambda r: asyncio.run(access.revoke_all(r)) and None))
+        made = calls(grant_all)
+        steady = calls(grant_all)
+        revoked = calls(revoke_all)
         n = args.grants
         print(f"{n} grants, one ServiceAccount each (IRSA), AWS calls per grant:")
         for label, counted in (("made", made), ("steady pass", steady), ("revoked", revoked)):

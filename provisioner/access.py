@@ -21,7 +21,7 @@ import asyncio
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from provisioner import conditions as cond
 from provisioner import kinds
@@ -32,7 +32,6 @@ from provisioner.crashpoints import crashpoint
 from provisioner.kube import Kube
 from provisioner.models import Resource
 
-T = TypeVar("T")
 InThread = Callable[..., Awaitable[Any]]
 
 
@@ -44,8 +43,14 @@ class Outcome:
     entries: list[dict[str, str]] = field(default_factory=list)
     events: list[tuple[str, str, str]] = field(default_factory=list)  # type, reason, message
     problem: cond.Condition | None = None
-    # How soon to look again because of the problem (None: the next resync is soon enough).
+    # The problem may go away by itself (a ServiceAccount not created yet): look again soon;
+    # False: people must act (a conflict), look again slowly.
     retry: bool = False
+
+
+def revoked(sa: str) -> tuple[str, str, str]:
+    """The Event of a revoked grant."""
+    return ("Normal", "AccessRevoked", f"ServiceAccount {sa}: access revoked")
 
 
 class Refused(Exception):
@@ -78,13 +83,6 @@ class Access:
     def _role(self, resource: Resource, sa: str) -> str:
         return iam.role_name(self.cluster_id, resource.namespace, sa)
 
-    def _role_arn(self, resource: Resource, sa: str) -> str:
-        assert self.aws is not None
-        account_id = self.aws.account_id(resource.account)
-        return iam.role_arn(
-            self.aws.partition(resource.region), account_id, self._role(resource, sa)
-        )
-
     def _lock(self, resource: Resource, sa: str) -> asyncio.Lock:
         account = resource.account.name if resource.account else ""
         return self.locks[(account, self._role(resource, sa))]
@@ -106,54 +104,29 @@ class Access:
         held = self.held(resource)
         if not desired and not held:
             return None
+        why_not = self._why_not(resource, desired)
+        if why_not is not None:  # nothing is granted or revoked; what is held stays recorded
+            problem = cond.Condition(cond.SYNCED, False, *why_not) if desired else None
+            return Outcome(entries=list(held.values()), problem=problem)
         outcome = Outcome()
-        if not self.settings.on or self.iam is None:
-            outcome.entries = list(held.values())
-            if desired:
-                outcome.problem = cond.Condition(
-                    cond.SYNCED,
-                    False,
-                    cond.ACCESS_DISABLED,
-                    "spec.access: this operator grants no access (started with --access=off)",
-                )
-            return outcome
-        if self.settings.mode == iam.POD_IDENTITY and resource.account is not None and desired:
-            outcome.entries = list(held.values())
-            outcome.problem = cond.Condition(
-                cond.SYNCED,
-                False,
-                cond.ACCESS_NOT_SUPPORTED,
-                "spec.access with EKS Pod Identity: the role must be in the cluster's own "
-                f"account, and this resource lives in CloudAccount {resource.account.name}",
-            )
-            return outcome
         for sa in [s for s in held if s not in desired]:
             async with self._lock(resource, sa):
-                await self._revoke(resource, sa)
-            outcome.events.append(
-                ("Normal", "AccessRevoked", f"ServiceAccount {sa}: access revoked")
-            )
-            del held[sa]
+                await self._revoke(resource, sa, held)
+            outcome.events.append(revoked(sa))
         problems: list[Refused] = []
         for sa, level in desired.items():
             async with self._lock(resource, sa):
                 try:
-                    entry, changed = await self._grant(resource, sa, level, arn, held)
+                    changed = await self._grant(resource, sa, level, arn, held)
                 except Refused as refused:
-                    problems.append(refused)
-                    if sa in held:
-                        outcome.entries.append(held[sa])  # still ours to revoke later
+                    problems.append(refused)  # what is held for it stays: ours to revoke
                     continue
-            outcome.entries.append(entry)
-            held[sa] = entry
             if changed:
+                via = held[sa]["roleArn"]
                 outcome.events.append(
-                    (
-                        "Normal",
-                        "AccessGranted",
-                        f"ServiceAccount {sa}: {level} via {entry['roleArn']}",
-                    )
+                    ("Normal", "AccessGranted", f"ServiceAccount {sa}: {level} via {via}")
                 )
+        outcome.entries = list(held.values())
         if problems:
             first = problems[0]
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
@@ -161,11 +134,25 @@ class Access:
             outcome.retry = any(p.retry for p in problems)
         return outcome
 
-    async def _pin(
-        self, resource: Resource, held: dict[str, dict[str, str]], entry: dict[str, str]
-    ) -> None:
-        """Record the ServiceAccount in status.access before anything is made for it."""
-        entries = [*held.values(), entry]
+    def _why_not(self, resource: Resource, desired: dict[str, str]) -> tuple[str, str] | None:
+        """Why this operator makes no grant for the resource at all (reason, message)."""
+        if not self.settings.on or self.iam is None:
+            return (
+                cond.ACCESS_DISABLED,
+                "spec.access: this operator grants no access (started with --access=off)",
+            )
+        if self.settings.mode == iam.POD_IDENTITY and resource.account is not None and desired:
+            return (
+                cond.ACCESS_NOT_SUPPORTED,
+                "spec.access with EKS Pod Identity: the role must be in the cluster's own "
+                f"account, and this resource lives in CloudAccount {resource.account.name}",
+            )
+        return None
+
+    async def _record(self, resource: Resource, held: dict[str, dict[str, str]]) -> None:
+        """Write `held` to status.access now: before anything is made for a new entry, after
+        everything of a removed one is gone."""
+        entries = list(held.values())
         await self.in_thread(
             self.kube.patch_status,
             resource.kind,
@@ -174,7 +161,6 @@ class Access:
             {"access": entries},
         )
         resource.status["access"] = entries
-        held[entry["serviceAccountName"]] = entry
 
     async def _grant(
         self,
@@ -183,13 +169,16 @@ class Access:
         level: str,
         arn: str,
         held: dict[str, dict[str, str]],
-    ) -> tuple[dict[str, str], bool]:
-        """Make one grant; the status entry and whether anything was written."""
+    ) -> bool:
+        """Make one grant (its entry in `held` and status.access first); whether anything
+        was written."""
         client = self.iam
         assert client is not None and self.aws is not None
         account, ns = resource.account, resource.namespace
         name = self._role(resource, sa)
-        role_arn = await self.in_thread(self._role_arn, resource, sa)
+        partition = self.aws.partition(resource.region)
+        account_id = await self.in_thread(self.aws.account_id, account)
+        role_arn = iam.role_arn(partition, account_id, name)
         irsa = self.settings.mode == iam.IRSA
 
         # 1. Look: refuse anything of these names that is not ours.
@@ -214,11 +203,7 @@ class Access:
                     retry=False,
                 )
             if role is None:
-                provider = iam.oidc_provider_arn(
-                    self.aws.partition(resource.region),
-                    await self.in_thread(self.aws.account_id, account),
-                    self.settings.oidc_issuer,
-                )
+                provider = iam.oidc_provider_arn(partition, account_id, self.settings.oidc_issuer)
                 if not await self.in_thread(client.oidc_provider_exists, account, provider):
                     raise Refused(
                         cond.OIDC_PROVIDER_NOT_FOUND,
@@ -240,18 +225,13 @@ class Access:
 
         # 2. Recorded before anything is made.
         entry = {"serviceAccountName": sa, "level": level, "roleArn": role_arn}
-        if sa not in held or held[sa] != entry:
-            await self._pin(resource, held, entry)
+        if held.get(sa) != entry:
+            held[sa] = entry
+            await self._record(resource, held)
 
         # 3. The role, its policy, then the annotation or the association.
         changed = False
-        trust = iam.trust_policy(
-            self.settings,
-            self.aws.partition(resource.region),
-            await self.in_thread(self.aws.account_id, account),
-            ns,
-            sa,
-        )
+        trust = iam.trust_policy(self.settings, partition, account_id, ns, sa)
         tags = iam.role_tags(self.cluster_id, ns, sa)
         if role is None:
             await self.in_thread(
@@ -296,11 +276,11 @@ class Access:
                 client.create_association, self.settings.eks_cluster, ns, sa, role_arn, tags
             )
             changed = True
-        return entry, changed
+        return changed
 
-    async def _revoke(self, resource: Resource, sa: str) -> None:
+    async def _revoke(self, resource: Resource, sa: str, held: dict[str, dict[str, str]]) -> None:
         """Remove the resource's policy; the role (and annotation, association) when it was
-        the last one."""
+        the last one; then its entry from `held` and status.access."""
         client = self.iam
         assert client is not None
         account, ns = resource.account, resource.namespace
@@ -332,30 +312,21 @@ class Access:
                             client.delete_association, self.settings.eks_cluster, association.id
                         )
                 await self.in_thread(client.delete_role, account, name)
-        held = self.held(resource)
-        if sa in held:
-            del held[sa]
-            entries = list(held.values())
-            await self.in_thread(
-                self.kube.patch_status,
-                resource.kind,
-                resource.namespace,
-                resource.name,
-                {"access": entries},
-            )
-            resource.status["access"] = entries
+        del held[sa]
+        await self._record(resource, held)
 
-    async def revoke_all(self, resource: Resource) -> list[str]:
-        """Every grant the resource holds or asks for, revoked (at its deletion); the
-        ServiceAccounts it revoked."""
+    async def revoke_all(self, resource: Resource) -> list[tuple[str, str, str]]:
+        """Every grant the resource holds, revoked (at its deletion); their Events. A grant
+        it only asks for made nothing: status.access records each before anything is made."""
+        held = self.held(resource)
         if self.iam is None:
             return []
-        revoked = []
-        for sa in dict.fromkeys([*self.held(resource), *dict(resource.access)]):
+        events = []
+        for sa in list(held):
             async with self._lock(resource, sa):
-                await self._revoke(resource, sa)
-            revoked.append(sa)
-        return revoked
+                await self._revoke(resource, sa, held)
+            events.append(revoked(sa))
+        return events
 
 
 def _annotation(service_account: dict[str, Any] | None) -> str:

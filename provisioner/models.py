@@ -93,6 +93,7 @@ class Resource:
         ref = raw_spec.get("writeConnectionSecretToRef") or {}
         explicit = str(raw_spec.get(descriptor.name_field) or "")
         namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
+        created = parse_time(meta["creationTimestamp"]) if meta.get("creationTimestamp") else None
         return cls(
             kind=descriptor.kind,
             namespace=namespace,
@@ -112,10 +113,8 @@ class Resource:
             dependencies=tuple(descriptor.dependencies(spec)),
             spec_account=str(raw_spec.get("account") or ""),
             spec_region=str(raw_spec.get("region") or ""),
-            expires_at=expiry(raw_spec, meta.get("creationTimestamp")),
-            created_at=parse_time(meta["creationTimestamp"])
-            if meta.get("creationTimestamp")
-            else None,
+            expires_at=expiry(raw_spec, created),
+            created_at=created,
             access=tuple(
                 (str(g.get("serviceAccountName") or ""), str(g.get("level") or "read"))
                 for g in raw_spec.get("access") or []
@@ -193,10 +192,10 @@ def parse_time(text: str) -> datetime:
     return found if found.tzinfo else found.replace(tzinfo=UTC)
 
 
-def expiry(spec: Mapping[str, Any], created: str | None) -> datetime | None:
+def expiry(spec: Mapping[str, Any], created: datetime | None) -> datetime | None:
     """spec.expiresAt, or metadata.creationTimestamp + spec.ttl; None without either."""
     if spec.get("expiresAt"):
         return parse_time(str(spec["expiresAt"]))
     if spec.get("ttl") and created:
-        return parse_time(created) + parse_duration(str(spec["ttl"]))
+        return created + parse_duration(str(spec["ttl"]))
     return None

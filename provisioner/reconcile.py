@@ -135,6 +135,15 @@ CLOUD_CHANGES = frozenset(
 )
 
 
+def _stamp(at: datetime) -> str:
+    """A time as status and messages show it (RFC 3339, whole seconds, UTC)."""
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _owner(obs: Observation) -> str:
+    return f"owned by {obs.owner_uid}" if obs.owner_uid else "not created by this operator"
+
+
 def _shown(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, default=str)
 
@@ -189,11 +198,11 @@ class Reconciler:
         post_event: Callable[[dict[str, Any], Event], None],
         directory: Directory | None = None,
         own_account: Callable[[], str] | None = None,
-        access: Access | None = None,
     ) -> None:
         self.settings = settings
-        # spec.access (None: no grants are made; a resource that asks for some is told).
-        self.access = access
+        # spec.access, set by whoever runs it (it needs `in_thread`); None: no grants are
+        # made, a resource that asks for some is told.
+        self.access: Access | None = None
         # CloudAccounts and namespaces (None: this operator serves no CloudAccounts).
         self.directory = directory
         # The operator's own account id, for status.accountId (asked of STS once).
@@ -561,7 +570,7 @@ class Reconciler:
             "reason": reason,
             "changes": changes,
             "generation": resource.generation,
-            "plannedAt": self.kube.server_now().strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "plannedAt": _stamp(self.kube.server_now()),
         }
         message = (
             f"plan-only ({action}): {reason}; remove the {annotation_keys.PLAN_ONLY} "
@@ -581,42 +590,39 @@ class Reconciler:
         for dependency in resource.dependencies:
             if await self._ready_arn(resource.namespace, dependency) is None:
                 return "Blocked", f"waiting for {dependency.role} {dependency.name} to be Ready"
-        client = self.clients[kind]
-        obs = await self.in_thread(client.observe, resource)
-        where = f"{_where(resource.account.name if resource.account else '')}, {resource.region}"
+        obs = await self.in_thread(self.clients[kind].observe, resource)
+        action = self._action(resource, obs)
+        if action == "Blocked":
+            return (
+                action,
+                f"{name} exists in the cloud and is {_owner(obs)}: it would be left untouched",
+            )
+        if action == "Create":
+            where = _where(resource.account.name if resource.account else "")
+            return action, f"create {kind} {name} in {where}, {resource.region}"
+        if action == "None":
+            return action, f"{name} matches the spec: nothing to do"
+        changes += [
+            {"field": d.field, "cloud": _shown(d.observed), "spec": _shown(d.desired)}
+            for d in obs.diffs
+        ]
+        reason = f"update {name}: {', '.join(d.field for d in obs.diffs)}"
+        if resource.drift_report_only:
+            reason += " (drift-policy report: only the fields changed in the spec are written)"
+        return action, reason
+
+    def _action(self, resource: Resource, obs: Observation) -> str:
+        """What a pass does with what it observed: Blocked, Create, Update or None."""
         if obs.exists and not self._is_ours(resource, obs):
-            owner = f"owned by {obs.owner_uid}" if obs.owner_uid else "not created by this operator"
-            return (
-                "Blocked",
-                f"{name} exists in the cloud and is {owner}: it would be left untouched",
-            )
+            return "Blocked"
         if not obs.exists:
-            return "Create", f"create {kind} {name} in {where}"
-        if not obs.diffs:
-            return "None", f"{name} matches the spec: nothing to do"
-        for d in obs.diffs:
-            changes.append(
-                {"field": d.field, "cloud": _shown(d.observed), "spec": _shown(d.desired)}
-            )
-        kept = [d.field for d in obs.diffs if resource.drift_report_only]
-        fields = ", ".join(d.field for d in obs.diffs)
-        if kept:
-            return (
-                "Update",
-                f"update {name}: {fields} (drift-policy report: only the fields changed in "
-                "the spec are written)",
-            )
-        return "Update", f"update {name}: {fields}"
+            return "Create"
+        return "Update" if obs.diffs else "None"
 
     def _against_plan(self, resource: Resource, obs: Observation, events: list[Event]) -> None:
         """Applying after a plan: say what differs from what the plan said."""
         plan = resource.status.get("plan") or {}
-        if obs.exists and not self._is_ours(resource, obs):
-            action = "Blocked"
-        elif not obs.exists:
-            action = "Create"
-        else:
-            action = "Update" if obs.diffs else "None"
+        action = self._action(resource, obs)
         now = {d.field: _shown(d.desired) for d in obs.diffs}
         then = {c.get("field"): c.get("spec") for c in plan.get("changes") or []}
         differences = []
@@ -643,7 +649,7 @@ class Reconciler:
                     cond.Condition(cond.EXPIRING, False, cond.EXPIRY_SCHEDULED, "no expiry")
                 )
             return
-        at = expires.strftime("%Y-%m-%dT%H:%M:%SZ")
+        at = _stamp(expires)
         result.fields["expiresAt"] = at
         left = (expires - self.kube.server_now()).total_seconds()
         if left > self.warning_seconds(resource):
@@ -683,7 +689,7 @@ class Reconciler:
         if resource.expires_at > self.kube.server_now():
             return False
         await self.in_thread(self.kube.delete_resource, kind, namespace, name, uid)
-        at = resource.expires_at.strftime("%Y-%m-%dT%H:%M:%SZ")
+        at = _stamp(resource.expires_at)
         event = Event(
             "Normal",
             "Expired",
@@ -706,7 +712,7 @@ class Reconciler:
         resource): the fields that differ from it are the requested changes.
         """
         resource = self.resource(body)
-        requested = planned(resource, requested_fields(last_handled_spec, body.get("spec") or {}))
+        requested = requested_fields(last_handled_spec, body.get("spec") or {})
         async with self.passes_in_flight, self.locks[resource.uid]:
             self.failed_resyncs.discard(resource.uid)  # the change handlers retry from here
             self.requeued.discard(resource.uid)
@@ -730,6 +736,7 @@ class Reconciler:
         """Place the resource, then observe and converge it; every failure becomes a
         condition. Returns the outcome and the resource as placed (when it could be)."""
         events: list[Event] = []
+        requested = planned(resource, requested)
         try:
             if resource.plan_only:
                 result, resource = await self._plan(resource)
@@ -1212,9 +1219,8 @@ class Reconciler:
         return str(status["arn"]), str(status.get("account") or "")
 
     def _name_conflict(self, resource: Resource, obs: Observation) -> Result:
-        owner = f"owned by {obs.owner_uid}" if obs.owner_uid else "not created by this operator"
         message = (
-            f"{resource.external_name} already exists in the cloud and is {owner}; "
+            f"{resource.external_name} already exists in the cloud and is {_owner(obs)}; "
             "it is left untouched: choose another name"
         )
         return Result(
@@ -1240,8 +1246,9 @@ class Reconciler:
             )
             paused.requeue_after = backoff(retry, WAIT_BASE, 15.0)
             return paused
-        grants = self.access is not None and bool(resource.access or resource.status.get("access"))
-        if resource.deletion_policy == "Retain" and not grants:
+        # Only what status.access holds: it records each grant before anything is made for it.
+        access = self.access if resource.status.get("access") else None
+        if resource.deletion_policy == "Retain" and access is None:
             return await self._retain(resource, done)
         try:
             resource = await self._place(resource, deleting=True)
@@ -1251,12 +1258,9 @@ class Reconciler:
             # Never placed, so nothing was ever created: nothing to delete anywhere.
             await self._delete_secret(resource)
             return done
-        if grants and self.access is not None:
+        if access is not None:
             # Access goes first, whatever happens to the resource itself.
-            for sa in await self.access.revoke_all(resource):
-                done.events.append(
-                    Event("Normal", "AccessRevoked", f"ServiceAccount {sa}: access revoked")
-                )
+            done.events += [Event(*e) for e in await access.revoke_all(resource)]
         if resource.deletion_policy == "Retain":
             return await self._retain(resource, done)
         client = self.clients[resource.kind]

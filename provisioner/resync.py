@@ -57,9 +57,9 @@ class ResyncScheduler:
         self.due: dict[str, tuple[float, str, str, str, str, str, Any]] = {}
         # uid -> monotonic time of a recheck asked for (`recheck`).
         self.rechecks: dict[str, float] = {}
-        # uid -> (monotonic time of its Expiring warning, of its expiry, kind, namespace, name)
-        # for resources with spec.ttl or spec.expiresAt.
-        self.expiries: dict[str, tuple[float, float, str, str, str]] = {}
+        # uid -> (monotonic time of its Expiring warning, of its expiry) for tracked resources
+        # with spec.ttl or spec.expiresAt (infinity: warned already).
+        self.expiries: dict[str, tuple[float, float]] = {}
         self._peering_cache: dict[str, tuple[float, bool]] = {}
         self._task: asyncio.Task[None] | None = None
 
@@ -92,13 +92,7 @@ class ResyncScheduler:
         known = self.expiries.get(resource.uid)
         if known is not None and known[0] == math.inf and warn <= time.monotonic():
             warn = math.inf  # warned already
-        self.expiries[resource.uid] = (
-            warn,
-            deadline,
-            resource.kind,
-            resource.namespace,
-            resource.name,
-        )
+        self.expiries[resource.uid] = (warn, deadline)
 
     @property
     def calm_resume(self) -> bool:
@@ -202,7 +196,11 @@ class ResyncScheduler:
 
     async def _expire(self, now: float) -> None:
         """Warn (a full pass sets Expiring and posts the Event), then delete, when due."""
-        for uid, (warn, deadline, kind, namespace, name) in list(self.expiries.items()):
+        for uid, (warn, deadline) in list(self.expiries.items()):
+            tracked = self.due.get(uid)
+            if tracked is None:
+                continue  # untracked meanwhile (deleted): its entry went with it
+            _, kind, namespace, name, *_ = tracked
             if deadline <= now:
                 if await self._paused(namespace):
                     continue
@@ -214,9 +212,9 @@ class ResyncScheduler:
                 if done:
                     self.expiries.pop(uid, None)
                 elif uid in self.expiries:  # not yet by the API server's clock, or failed
-                    self.expiries[uid] = (math.inf, now + 1.0, kind, namespace, name)
+                    self.expiries[uid] = (math.inf, now + 1.0)
             elif warn <= now:
-                self.expiries[uid] = (math.inf, deadline, kind, namespace, name)
+                self.expiries[uid] = (math.inf, deadline)
                 self.recheck([uid])
 
     async def _rechecks(self, now: float) -> None:

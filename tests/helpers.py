@@ -108,7 +108,8 @@ def secret_data(kube, namespace: str, name: str) -> dict[str, str] | None:
     return {k: base64.b64decode(v).decode() for k, v in data.items()}
 
 
-def events(kube, namespace: str, name: str) -> list[dict[str, Any]]:
+def events(kube, namespace: str, name: str, reason: str | None = None) -> list[dict[str, Any]]:
+    """The Events about the object `name` (only those of `reason`, when given)."""
     result = kube.kubectl(
         "get",
         "events",
@@ -119,11 +120,22 @@ def events(kube, namespace: str, name: str) -> list[dict[str, Any]]:
         "-o",
         "json",
     )
-    return json.loads(result.stdout)["items"]
+    found = json.loads(result.stdout)["items"]
+    return [e for e in found if e["reason"] == reason] if reason else found
 
 
 def apply(kube, namespace: str, manifest: str) -> None:
     kube.kubectl("apply", "-n", namespace, "-f", "-", input=manifest)
+
+
+def try_apply(kube, namespace: str, manifest: str, *flags: str) -> Any:
+    """`kubectl apply` that may be refused: the finished process, to read its stderr."""
+    return kube.kubectl("apply", *flags, "-n", namespace, "-f", "-", input=manifest, check=False)
+
+
+def assert_refused(result: Any, expected: str) -> None:
+    assert result.returncode != 0, f"the API server accepted it:\n{result.stdout}"
+    assert expected in result.stderr, f"{expected!r} not in:\n{result.stderr}"
 
 
 def owned_cloud_resources(aws, uid: str) -> list[tuple[str, str]]:

@@ -17,9 +17,10 @@ The pod assumes the role one of two ways (`AccessSettings.mode`):
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 from provisioner import naming
 from provisioner.cloud import errors
@@ -157,8 +158,6 @@ def role_arn(partition: str, account_id: str, name: str) -> str:
 def _document(value: Any) -> dict[str, Any]:
     """A policy document as IAM returns it (decoded by botocore, or still a string)."""
     if isinstance(value, str):
-        from urllib.parse import unquote
-
         return dict(json.loads(unquote(value)))
     return dict(value or {})
 
@@ -277,17 +276,10 @@ class IamClient:
 
     def policy_names(self, account: AccountRef | None, role: str) -> list[str]:
         iam = self._iam(account)
-        names: list[str] = []
-        marker: dict[str, str] = {}
-        while True:
-            try:
-                page = self.aws.call(iam.list_role_policies, RoleName=role, **marker)
-            except errors.NotFoundError:
-                return names
-            names += page.get("PolicyNames") or []
-            if not page.get("IsTruncated"):
-                return names
-            marker = {"Marker": page["Marker"]}
+        try:
+            return list(_pages(self.aws.call, iam.list_role_policies, "PolicyNames", RoleName=role))
+        except errors.NotFoundError:
+            return []
 
     def delete_role(self, account: AccountRef | None, name: str) -> bool:
         """Deletes the role unless a policy was put on it meanwhile (IAM refuses to delete a
@@ -375,19 +367,29 @@ def list_roles(cloud: Any, cluster_id: str) -> Iterator[ListedRole]:
     """The roles under `/provisioner/` tagged with `cluster_id`, with their inline policies.
     `cloud`: `Aws` or anything with its `client` and `call` (the leak finder's per account)."""
     iam = cloud.client("iam")
+    for listed in _pages(cloud.call, iam.list_roles, "Roles", PathPrefix=ROLE_PATH):
+        name = str(listed["RoleName"])
+        try:
+            role = cloud.call(iam.get_role, RoleName=name)["Role"]
+            policies = tuple(
+                _pages(cloud.call, iam.list_role_policies, "PolicyNames", RoleName=name)
+            )
+        except errors.NotFoundError:
+            continue  # deleted since it was listed
+        tags = {t["Key"]: t["Value"] for t in role.get("Tags") or []}
+        if tags.get(CLUSTER_TAG) == cluster_id:
+            yield ListedRole(name, tags, policies)
+
+
+def _pages(
+    call: Callable[..., Any], fn: Callable[..., Any], key: str, **kwargs: Any
+) -> Iterator[Any]:
+    """Every item under `key` of an IAM listing, page after page (Marker, IsTruncated), each
+    page one `call` (with its retries)."""
     marker: dict[str, str] = {}
     while True:
-        page = cloud.call(iam.list_roles, PathPrefix=ROLE_PATH, **marker)
-        for listed in page.get("Roles") or []:
-            name = str(listed["RoleName"])
-            try:
-                role = cloud.call(iam.get_role, RoleName=name)["Role"]
-                policies = cloud.call(iam.list_role_policies, RoleName=name)["PolicyNames"]
-            except errors.NotFoundError:
-                continue  # deleted since it was listed
-            tags = {t["Key"]: t["Value"] for t in role.get("Tags") or []}
-            if tags.get(CLUSTER_TAG) == cluster_id:
-                yield ListedRole(name, tags, tuple(policies))
+        page = call(fn, **kwargs, **marker)
+        yield from page.get(key) or []
         if not page.get("IsTruncated"):
             return
         marker = {"Marker": page["Marker"]}

@@ -5,7 +5,6 @@ moto's IAM), and the leak finder's IAM roles."""
 from __future__ import annotations
 
 import asyncio
-import copy
 import dataclasses
 import json
 from typing import Any
@@ -18,6 +17,7 @@ from provisioner.access import Access
 from provisioner.cloud import iam
 from provisioner.cloud.assume import AccountRef
 from provisioner.cloud.iam import AccessSettings, Association, IamClient
+from provisioner_dev.serviceaccounts import MemoryServiceAccounts
 from tests.cloud.conftest import build_resource
 from tests.unit.fakes import FakeKube
 
@@ -155,28 +155,12 @@ def test_leaks_lists_a_role_nobody_grants_and_a_policy_whose_resource_is_gone(aw
     ]
 
 
-class ServiceAccounts(FakeKube):
+class ServiceAccounts(MemoryServiceAccounts, FakeKube):
     """FakeKube with ServiceAccounts, as IRSA grants read and annotate them."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self.service_accounts: dict[tuple[str, str], dict[str, Any]] = {}
-
-    def get_service_account(self, namespace: str, name: str) -> dict[str, Any] | None:
-        found = self.service_accounts.get((namespace, name))
-        return copy.deepcopy(found) if found is not None else None
-
-    def annotate_service_account(self, namespace, name, key, value, resource_version) -> None:
-        meta = self.service_accounts[(namespace, name)]["metadata"]
-        assert meta["resourceVersion"] == resource_version
-        meta.setdefault("annotations", {})[key] = value
-
-    def remove_service_account_annotation(self, namespace, name, key, value) -> bool:
-        annotations = self.service_accounts[(namespace, name)]["metadata"].get("annotations", {})
-        if annotations.get(key) != value:
-            return False
-        del annotations[key]
-        return True
+        MemoryServiceAccounts.__init__(self)
+        FakeKube.__init__(self)
 
 
 def test_an_irsa_grant_lives_in_the_cloud_account_of_its_resource(aws):
@@ -185,7 +169,7 @@ def test_an_irsa_grant_lives_in_the_cloud_account_of_its_resource(aws):
     team_b = AccountRef("team-b", "222222222222", "arn:aws:iam::222222222222:role/provisioner")
     issuer = "https://oidc.eks.eu-west-1.amazonaws.com/id/TEAMB"
     kube = ServiceAccounts()
-    kube.service_accounts[("acc-b", "web")] = {"metadata": {"name": "web", "resourceVersion": "7"}}
+    meta = kube.add_service_account("acc-b", "web")
     granter = Access(AccessSettings("irsa", oidc_issuer=issuer), CLUSTER, aws, kube, _run)
     queue = dataclasses.replace(granting("acc-b", ("web", "read")), account=team_b)
     arn = "arn:aws:sqs:us-east-1:222222222222:acc-b-queue"
@@ -211,11 +195,12 @@ def test_an_irsa_grant_lives_in_the_cloud_account_of_its_resource(aws):
     assert made["AssumeRolePolicyDocument"]["Statement"][0]["Principal"] == {"Federated": provider}
     with pytest.raises(Exception, match="NoSuchEntity"):
         aws.client("iam").get_role(RoleName=role)  # not in the operator's own account
-    meta = kube.service_accounts[("acc-b", "web")]["metadata"]
     assert meta["annotations"][iam.ROLE_ANNOTATION] == entry["roleArn"]
 
     queue = dataclasses.replace(queue, status={"access": outcome.entries})
-    assert asyncio.run(granter.revoke_all(queue)) == ["web"]
+    assert asyncio.run(granter.revoke_all(queue)) == [
+        ("Normal", "AccessRevoked", "ServiceAccount web: access revoked")
+    ]
     with pytest.raises(Exception, match="NoSuchEntity"):
         team_b_iam.get_role(RoleName=role)
     assert iam.ROLE_ANNOTATION not in meta["annotations"]

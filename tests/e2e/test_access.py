@@ -29,10 +29,12 @@ from tests.e2e.conftest import operators
 from tests.e2e.test_crash_safety import wait_killed
 from tests.helpers import (
     apply,
+    assert_refused,
     condition,
     get,
     manifests,
     merge_patch,
+    try_apply,
     wait_condition,
     wait_for,
     wait_gone,
@@ -462,23 +464,12 @@ def test_access_is_refused_where_the_operator_grants_none(kube, namespace, opera
     ],
 )
 def test_access_entries_are_validated_by_the_api_server(kube, namespace, entry, needle):
-    result = kube.kubectl(
-        "apply",
-        "-n",
-        namespace,
-        "-f",
-        "-",
-        input=manifests([("Queue", "q", f"{{access: [{entry}]}}")]),
-        check=False,
-    )
-    assert result.returncode != 0
-    assert needle in result.stderr, result.stderr
+    result = try_apply(kube, namespace, manifests([("Queue", "q", f"{{access: [{entry}]}}")]))
+    assert_refused(result, needle)
 
 
 def test_the_same_service_account_twice_is_refused(kube, namespace):
     twice = "{access: [{serviceAccountName: app}, {serviceAccountName: app, level: write}]}"
-    result = kube.kubectl(
-        "apply", "-n", namespace, "-f", "-", input=manifests([("Topic", "t", twice)]), check=False
+    assert_refused(
+        try_apply(kube, namespace, manifests([("Topic", "t", twice)])), "Duplicate value"
     )
-    assert result.returncode != 0
-    assert "Duplicate value" in result.stderr, result.stderr

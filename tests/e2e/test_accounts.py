@@ -303,7 +303,7 @@ def test_an_account_in_use_is_deleted_only_after_its_resources(env):
     wait_ready(env.kube, "Queue", ns, "q")
     env.kube.kubectl("delete", "cloudaccount", a, "--wait=false")
     warning = wait_for(
-        lambda: [e for e in events(env.kube, "default", a) if e["reason"] == "InUse"],
+        lambda: events(env.kube, "default", a, "InUse"),
         timeout=30,
         what="an InUse Event on the CloudAccount",
     )

@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.helpers import assert_refused, try_apply
+
 pytestmark = pytest.mark.e2e
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -33,15 +35,6 @@ def manifest(kind: str, name: str, spec: dict[str, Any] | None) -> str:
 
 def db(**fields: Any) -> dict[str, Any]:
     return {**VALID_DB, **fields}
-
-
-def apply(kube: Any, namespace: str, text: str) -> Any:
-    return kube.kubectl("apply", "-n", namespace, "-f", "-", input=text, check=False)
-
-
-def assert_refused(result: Any, expected: str) -> None:
-    assert result.returncode != 0, f"the API server accepted it:\n{result.stdout}"
-    assert expected in result.stderr, f"{expected!r} not in:\n{result.stderr}"
 
 
 # (kind, spec, a substring of kubectl's error); the name of every object is "bad".
@@ -157,7 +150,7 @@ CREATE_CASES = [
 def test_invalid_spec_is_refused_on_create(
     kube: Any, namespace: str, kind: str, spec: dict[str, Any] | None, expected: str
 ) -> None:
-    result = apply(kube, namespace, manifest(kind, "bad", spec))
+    result = try_apply(kube, namespace, manifest(kind, "bad", spec))
 
     assert_refused(result, expected)
     assert "created" not in result.stdout
@@ -256,10 +249,10 @@ def test_forbidden_change_is_refused_on_update(
     after: dict[str, Any],
     expected: str,
 ) -> None:
-    created = apply(kube, namespace, manifest(kind, "subject", before))
+    created = try_apply(kube, namespace, manifest(kind, "subject", before))
     assert created.returncode == 0, created.stderr
 
-    result = apply(kube, namespace, manifest(kind, "subject", after))
+    result = try_apply(kube, namespace, manifest(kind, "subject", after))
 
     assert_refused(result, expected)
 
@@ -291,10 +284,10 @@ ALLOWED_UPDATES = [
 def test_allowed_change_is_accepted(
     kube: Any, namespace: str, kind: str, before: dict[str, Any], after: dict[str, Any]
 ) -> None:
-    created = apply(kube, namespace, manifest(kind, "subject", before))
+    created = try_apply(kube, namespace, manifest(kind, "subject", before))
     assert created.returncode == 0, created.stderr
 
-    result = apply(kube, namespace, manifest(kind, "subject", after))
+    result = try_apply(kube, namespace, manifest(kind, "subject", after))
 
     assert result.returncode == 0, result.stderr
 
@@ -340,7 +333,7 @@ def test_examples_apply_cleanly_and_get_defaults(kube: Any, namespace: str) -> N
 
 
 def test_snapshot_is_the_database_default_deletion_policy(kube: Any, namespace: str) -> None:
-    result = apply(kube, namespace, manifest(DB, "snap", db()))
+    result = try_apply(kube, namespace, manifest(DB, "snap", db()))
     assert result.returncode == 0, result.stderr
 
     got = kube.kubectl(

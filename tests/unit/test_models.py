@@ -248,9 +248,9 @@ def test_durations_refused(text):
 def test_expiry_counts_from_the_api_servers_creation_time():
     from datetime import UTC, datetime
 
-    from provisioner.models import expiry
+    from provisioner.models import expiry, parse_time
 
-    created = "2026-12-01T10:00:00Z"
+    created = parse_time("2026-12-01T10:00:00Z")
     assert expiry({"ttl": "90m"}, created) == datetime(2026, 12, 1, 11, 30, tzinfo=UTC)
     at = {"expiresAt": "2026-12-24T18:00:00Z"}
     assert expiry(at, created) == datetime(2026, 12, 24, 18, tzinfo=UTC)
