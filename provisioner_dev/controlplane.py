@@ -7,6 +7,7 @@ ports are picked at start so that two copies can run side by side.
 from __future__ import annotations
 
 import base64
+import json
 import ssl
 import subprocess
 import urllib.request
@@ -63,24 +64,65 @@ def write_kubeconfig(
         if token
         else {"client-certificate-data": b64(p.cert(user)), "client-key-data": b64(p.key(user))}
     )
+    endpoint = Endpoint(server, b64(p.ca_cert))
+    _write(path, endpoint.cluster(), user, credentials, namespace)
+
+
+def write_token_kubeconfig(
+    path: Path, endpoint: Endpoint, user: str, token: str, namespace: str | None = None
+) -> None:
+    """A kubeconfig with only a bearer token, for any cluster's `endpoint`."""
+    _write(path, endpoint.cluster(), user, {"token": token}, namespace)
+
+
+def _write(path: Path, cluster: dict, user: str, credentials: dict, namespace: str | None) -> None:
     context = {"cluster": CONTEXT, "user": user}
     if namespace:
         context["namespace"] = namespace
     config = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [
-            {
-                "name": CONTEXT,
-                "cluster": {"server": server, "certificate-authority-data": b64(p.ca_cert)},
-            }
-        ],
+        "clusters": [{"name": CONTEXT, "cluster": cluster}],
         "users": [{"name": user, "user": credentials}],
         "contexts": [{"name": CONTEXT, "context": context}],
         "current-context": CONTEXT,
     }
     path.write_text(yaml.safe_dump(config))
     path.chmod(0o600)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a cluster's API server is and how to trust it (a CA, base64, or "": no check)."""
+
+    server: str
+    ca_data: str
+
+    def cluster(self) -> dict[str, object]:
+        if not self.ca_data:
+            return {"server": self.server, "insecure-skip-tls-verify": True}
+        return {"server": self.server, "certificate-authority-data": self.ca_data}
+
+    def write_ca(self, path: Path) -> Path | None:
+        """The CA as a PEM file (for `kubectl --certificate-authority`), or None (no check)."""
+        if not self.ca_data:
+            return None
+        path.write_bytes(base64.b64decode(self.ca_data))
+        return path
+
+
+def endpoint_of(kubeconfig: str | Path) -> Endpoint:
+    """The current context's API server and CA in `kubeconfig` (files or inline data)."""
+    from provisioner_dev.stack import run_kubectl
+
+    result = run_kubectl(kubeconfig, "config", "view", "--minify", "--raw", "-o", "json")
+    if result.returncode != 0:
+        raise RuntimeError(f"cannot read {kubeconfig}: {result.stderr.strip()}")
+    cluster = json.loads(result.stdout)["clusters"][0]["cluster"]
+    ca = cluster.get("certificate-authority-data", "")
+    if not ca and cluster.get("certificate-authority"):
+        ca = base64.b64encode(Path(cluster["certificate-authority"]).read_bytes()).decode()
+    return Endpoint(cluster["server"], ca)
 
 
 class ControlPlane:
@@ -97,6 +139,12 @@ class ControlPlane:
     @property
     def apiserver_url(self) -> str:
         return f"https://127.0.0.1:{self.apiserver_port}"
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return Endpoint(
+            self.apiserver_url, base64.b64encode(self.pki.ca_cert.read_bytes()).decode()
+        )
 
     @property
     def etcd_url(self) -> str:

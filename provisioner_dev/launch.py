@@ -18,6 +18,7 @@ happened, and never removes the directory (the caller decides whether to keep it
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -30,14 +31,21 @@ import yaml
 from provisioner_dev.awslike import AwsLikeProxy
 from provisioner_dev.binaries import ensure_binaries
 from provisioner_dev.cloudprofile import CloudProfile
-from provisioner_dev.controlplane import ControlPlane, write_kubeconfig
+from provisioner_dev.controlplane import (
+    ControlPlane,
+    Endpoint,
+    endpoint_of,
+    write_token_kubeconfig,
+)
 from provisioner_dev.stack import (
     FaultProxy,
     MotoServer,
     OperatorProcess,
     aws_env,
+    cluster_answers,
     install_crds,
     kubectl,
+    run_kubectl,
 )
 
 if TYPE_CHECKING:
@@ -62,12 +70,17 @@ class Stack:
     # The aws-like profile (provisioner_dev/awslike.py) between the operators and moto.
     cloud_profile: CloudProfile | None = None
     cloud_seed: int | None = None
+    # A cluster that already runs (its kubeconfig): no control plane is started or built;
+    # the CRDs are applied to it, and what `service_account_kubeconfig` adds there is removed
+    # again by `stop()`.
+    existing: Path | None = None
 
     controlplane: ControlPlane = field(init=False)
     cloud: MotoServer | LocalStackServer = field(init=False)
     proxy: FaultProxy | None = field(init=False, default=None)
     awslike: AwsLikeProxy | None = field(init=False, default=None)
     operators: list[OperatorProcess] = field(init=False, default_factory=list)
+    _added: list[tuple[str, str]] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -97,8 +110,22 @@ class Stack:
 
     @property
     def kubeconfig(self) -> Path:
-        """The admin's kubeconfig (client certificate)."""
-        return self.controlplane.kubeconfig
+        """The admin's kubeconfig: the control plane's (client certificate), or the existing
+        cluster's as given."""
+        return self.existing or self.controlplane.kubeconfig
+
+    @property
+    def endpoint(self) -> Endpoint:
+        """The API server's address and CA, for kubeconfigs with a token of their own."""
+        if self.existing is not None:
+            return endpoint_of(self.existing)
+        return self.controlplane.endpoint
+
+    @property
+    def has_controller_manager(self) -> bool:
+        """Garbage collection, role aggregation and quotas run: a real cluster has them; the
+        control plane started here lacks them on envtest's binaries."""
+        return self.existing is not None or "kube-controller-manager" in self.controlplane.procs
 
     @property
     def operator(self) -> OperatorProcess | None:
@@ -116,9 +143,15 @@ class Stack:
         return self.proxy.url if self.proxy is not None else self.cloud_url
 
     def start(self) -> Stack:
-        self.controlplane.bin = ensure_binaries()
+        if self.existing is not None:
+            why = cluster_answers(self.existing)
+            if why:
+                raise RuntimeError(f"the cluster in {self.existing} is not ready: {why}")
+        else:
+            self.controlplane.bin = ensure_binaries()
         try:
-            self.controlplane.start()
+            if self.existing is None:
+                self.controlplane.start()
             self.cloud.start()
             install_crds(self.kubeconfig)
             if self.cloud_profile is not None:
@@ -180,8 +213,14 @@ class Stack:
         return op
 
     def service_account_kubeconfig(self, name: str, rules: list[dict[str, Any]]) -> str:
-        """A kubeconfig for a new ServiceAccount holding exactly `rules`, cluster-wide."""
+        """A kubeconfig for a new ServiceAccount holding exactly `rules`, cluster-wide.
+
+        On an existing cluster, the names carry this stack's directory name, so that two runs
+        (or a `dev up` there) never share them."""
         ns = SERVICE_ACCOUNT_NAMESPACE
+        if self.existing is not None:
+            run = hashlib.sha256(str(self.dir).encode()).hexdigest()[:6]
+            ns, name = f"{ns}-{run}", f"{name}-{run}"
         docs = [
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
             {
@@ -208,12 +247,12 @@ class Stack:
             },
         ]
         kubectl(self.kubeconfig, "apply", "-f", "-", input=yaml.safe_dump_all(docs))
+        self._added += [("clusterrolebinding", name), ("clusterrole", name), ("namespace", ns)]
         token = kubectl(
             self.kubeconfig, "create", "token", name, "-n", ns, "--duration=24h"
         ).strip()
         path = self.dir / f"{name}.kubeconfig"
-        cp = self.controlplane
-        write_kubeconfig(path, cp.apiserver_url, cp.pki, name, token=token)
+        write_token_kubeconfig(path, self.endpoint, name, token)
         return str(path)
 
     def pids(self) -> dict[str, int]:
@@ -252,6 +291,8 @@ class Stack:
             self.controlplane,
         ]
         failures = []
+        if self.existing is not None:
+            parts.remove(self.controlplane)
         for part in parts:
             if part is None:
                 continue
@@ -260,6 +301,20 @@ class Stack:
             except Exception as exc:  # noqa: BLE001 - keep stopping the rest
                 failures.append(f"stopping {type(part).__name__} failed: {exc}")
                 print(f"provisioner: {failures[-1]}", file=sys.stderr)
+        if self.existing is not None:
+            failures += self._remove_added()
+        return failures
+
+    def _remove_added(self) -> list[str]:
+        """What this stack added to an existing cluster (bar the CRDs), taken out again."""
+        failures = []
+        for kind, name in dict.fromkeys(self._added):
+            result = run_kubectl(
+                self.existing or "", "delete", kind, name, "--ignore-not-found", "--wait=false"
+            )
+            if result.returncode != 0:
+                failures.append(f"deleting {kind}/{name} failed: {result.stderr.strip()}")
+        self._added.clear()
         return failures
 
     def remove(self) -> None:

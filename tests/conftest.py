@@ -23,7 +23,7 @@ import boto3
 import pytest
 import yaml
 
-from provisioner_dev.controlplane import ControlPlane, write_kubeconfig
+from provisioner_dev.controlplane import ControlPlane, write_token_kubeconfig
 from provisioner_dev.launch import Stack
 from provisioner_dev.stack import MotoServer, OperatorProcess, aws_env, run_kubectl
 
@@ -34,6 +34,14 @@ if TYPE_CHECKING:
 TEST_RESYNC_SECONDS = 4
 # The cloud behind the tests: moto's server (default) or LocalStack (`make test-localstack`).
 TEST_CLOUD = os.environ.get("PROVISIONER_TEST_CLOUD", "moto")
+# A cluster that already runs (kind, k3d, minikube, a dev EKS, ...): the suite uses it instead
+# of starting a control plane, and skips the tests that need one of their own.
+EXISTING_KUBECONFIG = os.environ.get("PROVISIONER_TEST_KUBECONFIG") or None
+needs_own_controlplane = pytest.mark.skipif(
+    EXISTING_KUBECONFIG is not None,
+    reason="starts, restarts or inspects a control plane of its own "
+    "(PROVISIONER_TEST_KUBECONFIG names an existing cluster)",
+)
 on_moto_only = pytest.mark.skipif(
     TEST_CLOUD != "moto", reason="counts requests with moto's recorder"
 )
@@ -48,7 +56,7 @@ class Cluster:
 
     @property
     def kubeconfig(self) -> str:
-        return str(self.controlplane.kubeconfig)
+        return str(self.stack.kubeconfig)
 
     def kubectl(
         self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60
@@ -60,26 +68,25 @@ class Cluster:
             )
         return result
 
+    @property
+    def has_controller_manager(self) -> bool:
+        return self.stack.has_controller_manager
+
     def kubectl_as(
         self, token: str, *args: str, input: str | None = None
     ) -> subprocess.CompletedProcess[str]:
         """kubectl with only a bearer token: no client certificate to fall back on."""
-        cp = self.controlplane
-        return run_kubectl(
-            "/dev/null",
-            f"--server={cp.apiserver_url}",
-            f"--certificate-authority={cp.pki.ca_cert}",
-            f"--token={token}",
-            *args,
-            input=input,
-            timeout=60,
-        )
+        path = self.dir / f"token-{uuid.uuid4().hex[:8]}.kubeconfig"
+        self.token_kubeconfig("token", token, path)
+        try:
+            return run_kubectl(path, *args, input=input, timeout=60)
+        finally:
+            path.unlink()
 
     def token_kubeconfig(
         self, user: str, token: str, path: Path, namespace: str | None = None
     ) -> Path:
-        cp = self.controlplane
-        write_kubeconfig(path, cp.apiserver_url, cp.pki, user, token=token, namespace=namespace)
+        write_token_kubeconfig(path, self.stack.endpoint, user, token, namespace)
         return path
 
     def cloud_requests(self, needle: str) -> list[str]:
@@ -103,7 +110,8 @@ class Cluster:
 def running_cluster() -> Iterator[Cluster]:
     """A control plane with the CRDs installed and a cloud (moto or LocalStack) of its own."""
     workdir = Path(tempfile.mkdtemp(prefix="provisioner-test-"))
-    stack = Stack(dir=workdir, cloud_kind=TEST_CLOUD, record=True)
+    existing = Path(EXISTING_KUBECONFIG).resolve() if EXISTING_KUBECONFIG else None
+    stack = Stack(dir=workdir, cloud_kind=TEST_CLOUD, record=True, existing=existing)
     try:
         stack.start()
         yield Cluster(controlplane=stack.controlplane, moto=stack.cloud, dir=workdir, stack=stack)

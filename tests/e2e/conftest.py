@@ -17,6 +17,7 @@ from tests.conftest import (
     Cluster,
     aws_clients,
     fresh_namespace,
+    needs_own_controlplane,
     running_cluster,
 )
 
@@ -87,6 +88,8 @@ def own_stack() -> Iterator[OwnStack]:
     For tests that restart the API server (or another shared process): on the shared control
     plane, the restart would reach the session operator, whose log must show no 403 at all.
     """
+    if needs_own_controlplane.args[0]:
+        pytest.skip(needs_own_controlplane.kwargs["reason"])
     with running_cluster() as kube:
         namespace = "own-stack"
         kube.kubectl("create", "namespace", namespace)

@@ -27,7 +27,13 @@ from provisioner_dev.cloud import cloud_account, create_role, in_account
 from provisioner_dev.launch import OperatorProcess
 from provisioner_dev.processes import free_port
 from provisioner_dev.stack import DEV_REGION, aws_env
-from tests.conftest import TEST_CLOUD, TEST_RESYNC_SECONDS, Cluster, running_cluster
+from tests.conftest import (
+    TEST_CLOUD,
+    TEST_RESYNC_SECONDS,
+    Cluster,
+    needs_own_controlplane,
+    running_cluster,
+)
 from tests.e2e.test_observability import sample, scrape
 from tests.helpers import (
     condition,
@@ -44,6 +50,8 @@ from tests.helpers import (
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(TEST_CLOUD != "moto", reason="moto serves many accounts by AssumeRole"),
+    # Its operator acts cluster-wide, beside the session's: on a cluster of its own only.
+    needs_own_controlplane,
 ]
 
 ACCOUNT_A, ACCOUNT_B, ACCOUNT_C = "111111111111", "222222222222", "333333333333"

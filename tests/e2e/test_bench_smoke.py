@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+from tests.conftest import needs_own_controlplane
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300), needs_own_controlplane]
 
 ROOT = Path(__file__).resolve().parents[2]
 

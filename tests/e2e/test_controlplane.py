@@ -8,6 +8,7 @@ import uuid
 import pytest
 
 from provisioner_dev.binaries import KUBERNETES_VERSION
+from tests.conftest import needs_own_controlplane
 from tests.helpers import apply, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -39,6 +40,7 @@ spec:
 """
 
 
+@needs_own_controlplane
 def test_server_reports_the_pinned_version(kube):
     out = json.loads(kube.kubectl("version", "-o", "json").stdout)
     assert out["serverVersion"]["gitVersion"] == KUBERNETES_VERSION
@@ -57,7 +59,7 @@ def test_cel_rule_rejects_a_bad_object_with_its_message(kube, namespace):
 
 
 def test_owned_secret_is_garbage_collected_with_its_owner(kube, namespace):
-    if "kube-controller-manager" not in kube.controlplane.procs:
+    if not kube.has_controller_manager:
         pytest.skip("no kube-controller-manager (envtest's binaries): no garbage collector")
     kube.kubectl("create", "configmap", "owner", "-n", namespace)
     owner = json.loads(

@@ -18,9 +18,10 @@ import pytest
 from provisioner_dev.binaries import ensure_binaries
 from provisioner_dev.processes import alive, free_port
 from provisioner_dev.stack import run_kubectl
+from tests.conftest import needs_own_controlplane
 from tests.helpers import apply, get, wait_for, wait_ready
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, needs_own_controlplane]
 
 # Without a kube-controller-manager where envtest's binaries are used (KUBEBUILDER_ASSETS).
 STACK = tuple(

@@ -14,10 +14,11 @@ from provisioner_dev.binaries import ensure_binaries
 from provisioner_dev.controlplane import ControlPlane
 from provisioner_dev.processes import alive
 from provisioner_dev.stack import crd_names, run_kubectl
+from tests.conftest import needs_own_controlplane
 from tests.e2e.test_dev_cli import dev, read_state
 from tests.helpers import apply, manifests, wait_for, wait_ready
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, needs_own_controlplane]
 
 
 class Existing:

@@ -11,9 +11,10 @@ import pytest
 
 from provisioner_dev import binaries
 from provisioner_dev.binaries import BuildError, ensure_binaries, envtest_binaries
+from tests.conftest import needs_own_controlplane
 from tests.e2e.test_dev_cli import dev
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, needs_own_controlplane]
 
 
 @pytest.fixture

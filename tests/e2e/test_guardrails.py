@@ -96,7 +96,7 @@ def guarded_namespace(cluster: Cluster, guarded: Guarded) -> Iterator[str]:
 
 
 def needs_controller_manager(kube) -> None:
-    if "kube-controller-manager" not in kube.controlplane.procs:
+    if not kube.has_controller_manager:
         pytest.skip("no kube-controller-manager (envtest's binaries): no role aggregation or quota")
 
 

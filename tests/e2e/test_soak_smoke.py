@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.e2e
+from tests.conftest import needs_own_controlplane
+
+pytestmark = [pytest.mark.e2e, needs_own_controlplane]
 
 ROOT = Path(__file__).resolve().parents[2]
 
