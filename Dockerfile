@@ -1,10 +1,12 @@
 # The operator image: `docker build -t provisioner:0.1.0 .`, or `make image` (buildah, with a
 # base made from Debian's packages passed as BASE_IMAGE; see provisioner_dev/image.py).
 #
-# Two stages on the same pinned base: the builder installs the package and its pinned runtime
-# dependencies (constraints.txt; no dev extras, so no moto, pytest or ruff) into a virtualenv,
-# and the runtime stage copies only that virtualenv. The result runs as uid 65532 on a
-# read-only root filesystem (the chart mounts an emptyDir at /tmp, which is also HOME).
+# Three stages on the same pinned base: the builder installs the package and its pinned runtime
+# dependencies (constraints.txt; no dev extras, so no moto, pytest, ruff, kubernetes client or
+# cryptography) into a virtualenv; the rootfs stage adds that virtualenv and the operator's
+# user to the base and removes what the operator never runs; the image is that root
+# filesystem as one layer. It runs as uid 65532 on a read-only root filesystem (the chart
+# mounts an emptyDir at /tmp, which is also HOME).
 
 # Any Debian bookworm with python3.11 (and python3-venv, useradd) will do.
 ARG BASE_IMAGE=python:3.11.17-slim-bookworm
@@ -23,25 +25,24 @@ COPY provisioner ./provisioner
 # pip compiles the .pyc files here, so the read-only runtime never has to write them.
 RUN pip install --no-cache-dir -c constraints.txt . \
     && pip check
-# Trimmed of what the operator never loads:
-# - botocore carries the API models of every AWS service (~100 MB); the operator calls only
-#   rds, s3, sqs, sns and sts, so the others are dropped (checked by creating those clients);
-# - the kubernetes client ships an asyncio copy of itself, kubernetes.aio (~70 MB), that
-#   neither the operator nor kopf imports, and its own *_test.py files;
-# - pip and setuptools are not needed to run.
+# Trimmed of what the operator never loads: botocore carries the API models of every AWS
+# service (~25 MB compressed); the operator calls only rds, s3, sqs, sns, iam, eks (pod
+# identity) and sts, so the others are dropped (checked by creating those clients); pip and
+# setuptools are not needed to run.
 RUN site="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
     && for d in "$site"/botocore/data/*/; do \
-         case "$(basename "$d")" in rds|s3|sqs|sns|sts) ;; *) rm -rf "$d" ;; esac; \
+         case "$(basename "$d")" in rds|s3|sqs|sns|iam|eks|sts) ;; *) rm -rf "$d" ;; esac; \
        done \
-    && rm -rf "$site"/kubernetes/aio \
-    && find "$site"/kubernetes -name '*_test.py' -delete \
-    && find "$site"/kubernetes -name '*_test.*.pyc' -delete \
-    && python -c 'import kubernetes, kopf, provisioner.cli' \
-    && python -c 'import boto3; [boto3.client(s, region_name="us-east-1") for s in ("rds", "s3", "sqs", "sns", "sts")]' \
+    && python -c 'import kopf, provisioner.cli, provisioner.operator' \
+    && python -c 'import boto3; [boto3.client(s, region_name="us-east-1") for s in ("rds", "s3", "sqs", "sns", "iam", "eks", "sts")]' \
     && python -m pip uninstall --yes --quiet pip setuptools
 
 
-FROM ${BASE_IMAGE}
+# The runtime's root filesystem: the base, the operator's user and virtualenv, and nothing
+# the operator never runs (Debian's package tools and perl, glibc's iconv modules, time zones,
+# documentation, Python's own test suite, 2to3, tkinter, ensurepip and the wheels behind it).
+# dpkg's database stays, so that image scanners still see what the base is made of.
+FROM ${BASE_IMAGE} AS rootfs
 
 # A passwd entry for uid 65532: kopf names its peering identity after the user
 # (getpass.getuser()), which fails for a uid without one.
@@ -51,7 +52,28 @@ RUN groupadd --system --gid 65532 provisioner \
 
 COPY --from=builder /opt/venv /opt/venv
 
-ENV PATH=/opt/venv/bin:$PATH \
+RUN rm -rf /usr/bin/perl* /usr/lib/x86_64-linux-gnu/perl* /usr/share/perl* \
+       /usr/lib/x86_64-linux-gnu/gconv /usr/bin/localedef \
+       /usr/bin/apt* /usr/lib/apt /usr/lib/x86_64-linux-gnu/libapt-* /etc/apt /var/lib/apt \
+       /var/cache/* /var/log/* \
+       /usr/share/zoneinfo /usr/share/doc /usr/share/man /usr/share/info /usr/share/locale \
+       /usr/share/bash-completion /usr/share/python-wheels /usr/share/lintian \
+    && for lib in /usr/lib/python3.11 /usr/local/lib/python3.11; do \
+         rm -rf "$lib"/test "$lib"/lib2to3 "$lib"/pydoc_data "$lib"/ensurepip "$lib"/idlelib \
+                "$lib"/tkinter "$lib"/turtledemo "$lib"/distutils "$lib"/sqlite3 \
+                "$lib"/lib-dynload/_sqlite3* "$lib"/lib-dynload/_tkinter*; \
+       done \
+    && /opt/venv/bin/python -c 'import kopf, provisioner.cli, provisioner.operator' \
+    && /opt/venv/bin/python -c 'import boto3; [boto3.client(s, region_name="us-east-1") for s in ("rds", "s3", "sqs", "sns", "iam", "eks", "sts")]' \
+    && mkdir -p /tmp && chmod 1777 /tmp
+
+
+# One layer: what the stage above left, and no layer underneath still holding the rest.
+FROM scratch
+
+COPY --from=rootfs / /
+
+ENV PATH=/opt/venv/bin:/usr/local/bin:/usr/bin:/bin \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     HOME=/tmp

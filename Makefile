@@ -21,7 +21,10 @@ binaries: $(STAMP)
 demo: binaries
 	$(PY) -m provisioner dev demo
 
-test: lint binaries
+# With PROVISIONER_TEST_KUBECONFIG (a cluster you already have), nothing is built.
+TEST_BINARIES := $(if $(PROVISIONER_TEST_KUBECONFIG),$(STAMP),binaries)
+
+test: lint $(TEST_BINARIES)
 	$(PY) -m pytest
 	$(MAKE) --no-print-directory test-localstack
 
@@ -30,7 +33,7 @@ test-fast: $(STAMP)
 
 # S3Bucket and Queue end to end against LocalStack (its runtime in its own virtualenv,
 # installed once into ~/.cache/provisioner), and a DatabaseInstance that must fail clearly.
-test-localstack: binaries
+test-localstack: $(TEST_BINARIES)
 	PROVISIONER_TEST_CLOUD=localstack $(PY) -m pytest tests/e2e/test_bucket.py \
 		tests/e2e/test_queue.py tests/e2e/test_localstack.py
 

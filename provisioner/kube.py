@@ -1,7 +1,7 @@
 """The few Kubernetes API calls the operator makes itself (kopf makes the rest).
 
-Plain dicts in and out through the kubernetes client's transport: no model
-(de)serialisation, so a call costs little CPU and memory.
+Plain dicts in and out over urllib3 (no client library, no model (de)serialisation), so a
+call costs little CPU and memory; credentials as `provisioner.kubelogin` finds them.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import time
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
+from urllib.parse import urlencode
 
-import kubernetes
-from kubernetes.client.exceptions import ApiException
+import urllib3
 
-from provisioner import API_VERSION
+from provisioner import API_VERSION, kubelogin
 from provisioner.kinds import PLURALS
 
 
@@ -29,20 +29,16 @@ class KubeError(RuntimeError):
         self.message = message
 
 
-def load_config() -> kubernetes.client.Configuration:
-    config = kubernetes.client.Configuration()
-    try:
-        kubernetes.config.load_incluster_config(client_configuration=config)
-    except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config(client_configuration=config)
-    return config
-
-
 class Kube:
-    def __init__(self, pool_size: int = 32, config: kubernetes.client.Configuration | None = None):
-        config = config or load_config()
-        config.connection_pool_maxsize = pool_size
-        self.api = kubernetes.client.ApiClient(configuration=config)
+    def __init__(self, pool_size: int = 32, creds: kubelogin.Credentials | None = None):
+        self.creds = creds or kubelogin.login()
+        self.http = urllib3.PoolManager(
+            maxsize=pool_size,
+            ssl_context=self.creds.ssl_context(),
+            # A refused or dropped connection is tried again; an answer never is.
+            retries=urllib3.Retry(total=3, connect=3, read=0, status=0, redirect=0),
+            timeout=urllib3.Timeout(total=30),
+        )
         # The API server's clock minus ours (seconds), from its answers' Date headers: times
         # that count (spec.ttl) are the API server's, never this pod's.
         self.skew = 0.0
@@ -52,8 +48,8 @@ class Kube:
         return datetime.fromtimestamp(time.time() + self.skew, UTC)
 
     def _clock(self, resp: object) -> None:
-        getheader = getattr(resp, "getheader", None)
-        date = getheader("Date") if getheader else None
+        headers = getattr(resp, "headers", None)
+        date = headers.get("Date") if headers is not None else None
         if not date:
             return
         try:
@@ -72,31 +68,27 @@ class Kube:
         query: list[tuple[str, str]] | None = None,
     ) -> dict[str, Any] | None:
         """Returns the decoded response; None for a 404."""
-        method, url, headers, serialized, post = self.api.param_serialize(
-            method,
-            path,
-            query_params=query or [],
-            header_params={"Content-Type": content_type, "Accept": "application/json"},
-            body=body,
-            auth_settings=["BearerToken"],
-        )
+        url = self.creds.server + path + (f"?{urlencode(query)}" if query else "")
+        headers = {"Content-Type": content_type, "Accept": "application/json"}
+        headers.update(self.creds.headers())
+        payload = json.dumps(body).encode() if body is not None else None
         try:
-            resp = self.api.call_api(method, url, headers, serialized, post, _request_timeout=30)
-        except ApiException as exc:
-            raise KubeError(int(exc.status or 0), str(exc.reason), str(exc.reason)) from None
-        data = resp.read()
+            resp = self.http.request(method, url, body=payload, headers=headers)
+        except urllib3.exceptions.SSLError as exc:
+            raise KubeError(0, "SSLError", str(exc)) from None
+        data = resp.data
         self._clock(resp)
         if resp.status == 404:
             return None
         if resp.status >= 400:
             try:
-                payload = json.loads(data or b"{}")
+                problem = json.loads(data or b"{}")
             except ValueError:
-                payload = {}
+                problem = {}
             raise KubeError(
                 resp.status,
-                str(payload.get("reason") or resp.reason),
-                str(payload.get("message") or resp.reason),
+                str(problem.get("reason") or resp.reason),
+                str(problem.get("message") or resp.reason),
             )
         return json.loads(data) if data else {}
 

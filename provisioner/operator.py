@@ -19,15 +19,15 @@ import asyncio
 import logging
 import random
 import time
-import warnings
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor, Future
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
 import kopf
 
-from provisioner import API_VERSION, FINALIZER, GROUP, VERSION, accounts, metrics
+from provisioner import API_VERSION, FINALIZER, GROUP, VERSION, accounts, kubelogin, metrics
 from provisioner import conditions as cond
 from provisioner.cloud import errors
 from provisioner.cloud.aws import Aws
@@ -166,32 +166,27 @@ def api_connection_limit(settings: Settings) -> int:
     return 4 * max(1, len(settings.namespaces)) + 24
 
 
-def bounded_session(
-    info: kopf.ConnectionInfo | None, settings: Settings
-) -> kopf.AiohttpSession | None:
+def bounded_session(creds: kubelogin.Credentials, settings: Settings) -> kopf.AiohttpSession:
     """kopf's own session opens a connection per concurrent request without a limit; a
     burst of 1,000 status patches then holds 1,000 TLS connections of 256 KiB buffers each.
     The same session with a bounded pool queues the requests instead."""
-    if info is None:
-        return None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        auth = info.as_aiohttp_basic_auth()
     session = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(
-            limit=api_connection_limit(settings), ssl=info.as_ssl_context()
+            limit=api_connection_limit(settings), ssl=creds.ssl_context()
         ),
-        headers=info.as_http_headers(),
-        auth=auth,
-        proxy=info.proxy_url,
-        trust_env=info.trust_env,
+        headers=creds.headers(),
+    )
+    # kopf logs in again when the credentials are refused (a rotated token) or expire.
+    expires = (
+        datetime.fromtimestamp(creds.expires - kubelogin.EXEC_RENEW_SECONDS, UTC)
+        if creds.expires is not None
+        else None
     )
     return kopf.AiohttpSession(
         aiohttp_session=session,
-        server=info.server,
-        default_namespace=info.default_namespace,
-        priority=info.priority,
-        expiration=info.expiration,
+        server=creds.server,
+        default_namespace=creds.namespace,
+        expiration=expires,
     )
 
 
@@ -266,8 +261,9 @@ def register(
     async def cleanup(**_: Any) -> None:
         await scheduler.stop()
 
-    async def login(**kwargs: Any) -> kopf.AiohttpSession | None:
-        return bounded_session(kopf.login_via_client(**kwargs), settings)
+    async def login(**_: Any) -> kopf.AiohttpSession:
+        creds = await asyncio.to_thread(kubelogin.login)
+        return bounded_session(creds, settings)
 
     async def on_change(
         body: Any, old: Any, patch: kopf.Patch, retry: int, reason: Any = None, **_: Any
