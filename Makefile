@@ -8,7 +8,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-localstack lint format binaries image up down status clean
+.PHONY: demo test test-fast test-localstack lint format binaries image node-tools up down status clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -50,6 +50,18 @@ image: $(STAMP)
 			|| exit 1; \
 	else echo "make image: buildah, mmdebstrap and runc are installed"; fi
 	$(PY) -m provisioner dev image
+
+# What the image and node tests need from Debian (root only; they skip, saying why, without):
+# buildah, mmdebstrap and runc for the image; containerd, the CNI plugins, iptables, iproute2
+# and gcc (the pause image) for a node that runs the chart's pods.
+NODE_PACKAGES := buildah mmdebstrap runc containerd containernetworking-plugins iptables \
+	iproute2 conntrack gcc
+node-tools:
+	@if [ "$$(id -u)" != 0 ]; then echo "make node-tools: not root, nothing installed"; exit 0; fi; \
+	missing=""; for p in $(NODE_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -z "$$missing" ]; then echo "make node-tools: all installed"; exit 0; fi; \
+	echo "make node-tools: installing$$missing from Debian's packages (apt-get)"; \
+	apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing
 
 # Style, types (strict on the operator's package) and import contracts, all set in pyproject.toml.
 lint: $(STAMP)

@@ -192,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
+    except config.ConfigError as exc:
+        print(f"provisioner: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

@@ -5,10 +5,27 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 
 def _env(name: str, default: str = "") -> str:
     return os.environ.get(name, default).strip()
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be used; the message is one line naming it."""
+
+
+def _number(name: str, default: str, kind: type[int] | type[float] = int) -> Any:
+    value = _env(name, default)
+    try:
+        return kind(value)
+    except ValueError:
+        hint = ""
+        if value.startswith(("tcp://", "udp://")):
+            # Kubernetes' Docker-link variables for a Service named like the setting.
+            hint = " (a Service's link variable: set enableServiceLinks: false on the pod)"
+        raise ConfigError(f"{name}={value!r} is not a number{hint}") from None
 
 
 @dataclass(frozen=True)
@@ -61,24 +78,24 @@ class Settings:
             endpoint_url=_env("PROVISIONER_AWS_ENDPOINT_URL") or _env("AWS_ENDPOINT_URL") or None,
             cluster_id=_env("PROVISIONER_CLUSTER_ID", "default"),
             namespaces=namespaces,
-            resync_seconds=float(_env("PROVISIONER_RESYNC_SECONDS", "300")),
-            liveness_port=int(_env("PROVISIONER_LIVENESS_PORT", "8080")),
-            metrics_port=int(_env("PROVISIONER_METRICS_PORT", "0")),
+            resync_seconds=_number("PROVISIONER_RESYNC_SECONDS", "300", float),
+            liveness_port=_number("PROVISIONER_LIVENESS_PORT", "8080"),
+            metrics_port=_number("PROVISIONER_METRICS_PORT", "0"),
             log_format=_env("PROVISIONER_LOG_FORMAT", "plain"),
             peering=_env("PROVISIONER_PEERING") or None,
-            peering_priority=int(_env("PROVISIONER_PEERING_PRIORITY"))
+            peering_priority=_number("PROVISIONER_PEERING_PRIORITY", "")
             if _env("PROVISIONER_PEERING_PRIORITY")
             else None,
-            peering_lifetime=int(_env("PROVISIONER_PEERING_LIFETIME", "60")),
-            workers=int(_env("PROVISIONER_WORKERS", "32")),
+            peering_lifetime=_number("PROVISIONER_PEERING_LIFETIME", "60"),
+            workers=_number("PROVISIONER_WORKERS", "32"),
             aws_budget=_env("PROVISIONER_AWS_BUDGET"),
-            aws_budget_max_throttled_seconds=float(
-                _env("PROVISIONER_AWS_BUDGET_MAX_THROTTLED_SECONDS", "60")
+            aws_budget_max_throttled_seconds=_number(
+                "PROVISIONER_AWS_BUDGET_MAX_THROTTLED_SECONDS", "60", float
             ),
             accounts=_env("PROVISIONER_ACCOUNTS", "on").lower() not in ("off", "false", "0"),
             manage_accounts=_switch(_env("PROVISIONER_MANAGE_ACCOUNTS")),
             access=_env("PROVISIONER_ACCESS", "off").lower() or "off",
-            expiry_warning_seconds=float(_env("PROVISIONER_EXPIRY_WARNING_SECONDS", "3600")),
+            expiry_warning_seconds=_number("PROVISIONER_EXPIRY_WARNING_SECONDS", "3600", float),
             oidc_issuer=_env("PROVISIONER_OIDC_ISSUER"),
             eks_cluster=_env("PROVISIONER_EKS_CLUSTER"),
         )

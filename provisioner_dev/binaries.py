@@ -7,7 +7,8 @@ a manifest of SHA-256 sums; a cache whose manifest is missing or does not match 
 rebuilt.
 
 helm (hack/helm) is built the same way, but only on demand by `ensure_helm()`: the
-chart tests need it, the control plane does not.
+chart tests need it, the control plane does not; so are a node's kubelet, kube-proxy and
+kube-scheduler (hack/node, `ensure_node()`), for the test that runs the chart's pods.
 """
 
 from __future__ import annotations
@@ -96,6 +97,23 @@ def components() -> list[Component]:
             ldflags="-s -w",
         ),
     ]
+
+
+def node_component() -> Component:
+    """A node's binaries (kubelet, kube-proxy) and kube-scheduler, from the same pinned
+    Kubernetes module as the control plane; built on demand by `ensure_node()`."""
+    return Component(
+        name="node",
+        version=KUBERNETES_VERSION,
+        module_dir=REPO_ROOT / "hack" / "node",
+        packages={
+            "kubelet": "k8s.io/kubernetes/cmd/kubelet",
+            "kube-proxy": "k8s.io/kubernetes/cmd/kube-proxy",
+            "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
+        },
+        ldflags=_version_ldflags(),
+        tags="selinux,notest",
+    )
 
 
 def helm_component() -> Component:
@@ -426,3 +444,8 @@ def cached_helm() -> Path | None:
 def ensure_helm() -> Path:
     """The helm binary, built on demand (a few minutes on 2 cores, once per machine)."""
     return ensure(helm_component())["helm"]
+
+
+def ensure_node() -> dict[str, Path]:
+    """kubelet, kube-proxy and kube-scheduler, built on demand (once per machine)."""
+    return ensure(node_component())

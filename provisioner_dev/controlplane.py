@@ -20,6 +20,9 @@ from provisioner_dev import pki as pki_mod
 from provisioner_dev.processes import StartError, free_port, spawn, stop, wait_until
 
 CONTEXT = "provisioner-dev"
+# With nodes (provisioner_dev/node.py): the node's bridge address, where pods reach the API
+# server (it is the `kubernetes` Service's endpoint).
+NODE_GATEWAY = "10.244.0.1"
 
 
 @dataclass
@@ -126,9 +129,13 @@ def endpoint_of(kubeconfig: str | Path) -> Endpoint:
 
 
 class ControlPlane:
-    def __init__(self, directory: Path, binaries: dict[str, Path]) -> None:
+    def __init__(self, directory: Path, binaries: dict[str, Path], *, nodes: bool = False) -> None:
+        """`nodes`: ready for a node's pods: the API server also listens on the node's
+        bridge and is the `kubernetes` Service's endpoint there, pods get ServiceAccount
+        tokens, and the controller manager runs Deployments, Services and disruption budgets."""
         self.dir = directory
         self.bin = binaries
+        self.nodes = nodes
         self.pki = pki_mod.Pki(directory / "pki")
         self.logs = directory / "logs"
         self.kubeconfig = directory / "kubeconfig"
@@ -213,15 +220,21 @@ class ControlPlane:
                 f"--etcd-servers={self.etcd_url}",
                 f"--cert-dir={self.dir / 'apiserver-certs'}",
                 f"--secure-port={self.apiserver_port}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                "--endpoint-reconciler-type=none",
+                *(
+                    ["--bind-address=0.0.0.0", f"--advertise-address={NODE_GATEWAY}"]
+                    if self.nodes
+                    else [
+                        "--bind-address=127.0.0.1",
+                        "--advertise-address=127.0.0.1",
+                        "--endpoint-reconciler-type=none",
+                    ]
+                ),
                 f"--tls-cert-file={p.cert('apiserver')}",
                 f"--tls-private-key-file={p.key('apiserver')}",
                 f"--client-ca-file={p.ca_cert}",
                 "--service-cluster-ip-range=10.0.0.0/24",
                 "--allow-privileged=true",
-                "--disable-admission-plugins=ServiceAccount",
+                *([] if self.nodes else ["--disable-admission-plugins=ServiceAccount"]),
                 "--authorization-mode=RBAC",
                 "--service-account-issuer=https://kubernetes.default.svc",
                 f"--service-account-key-file={p.sa_pub}",
@@ -257,7 +270,14 @@ class ControlPlane:
                 # aggregation (the chart's view/edit rules) and ResourceQuota usage.
                 "--controllers=garbage-collector-controller,namespace-controller,"
                 "serviceaccount-controller,clusterrole-aggregation-controller,"
-                "resourcequota-controller",
+                "resourcequota-controller"
+                + (
+                    ",deployment-controller,replicaset-controller,endpointslice-controller,"
+                    "root-ca-certificate-publisher-controller,disruption-controller,"
+                    "node-lifecycle-controller"
+                    if self.nodes
+                    else ""
+                ),
                 "--leader-elect=false",
                 "--bind-address=127.0.0.1",
                 f"--secure-port={health_port}",

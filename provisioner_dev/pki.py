@@ -122,6 +122,8 @@ def generate(directory: Path) -> Pki:
                         x509.DNSName("kubernetes.default.svc"),
                         x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
                         x509.IPAddress(ipaddress.ip_address("10.0.0.1")),
+                        # A node's bridge (provisioner_dev/node.py), where its pods reach it.
+                        x509.IPAddress(ipaddress.ip_address("10.244.0.1")),
                     ]
                 ),
                 critical=False,

@@ -53,6 +53,8 @@ def _http_up(url: str) -> bool:
 class MotoServer(LoopbackService):
     # Where moto appends one JSON line per request (tests count cloud calls with it).
     record_to: Path | None = None
+    # The address it listens on ("0.0.0.0" for a node's pods); `url` stays on loopback.
+    host: str = "127.0.0.1"
 
     def start(self, timeout: float = 60.0) -> None:
         self.port = self.port or free_port()
@@ -60,7 +62,7 @@ class MotoServer(LoopbackService):
         if self.record_to is not None:
             env.update(MOTO_ENABLE_RECORDING="True", MOTO_RECORDER_FILEPATH=str(self.record_to))
         self.launch(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            [sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(self.port)],
             lambda: _http_up(f"{self.url}/moto-api/"),
             what="moto server",
             timeout=timeout,

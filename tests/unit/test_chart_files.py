@@ -364,6 +364,8 @@ def test_deployment_shape(helm):
     assert pod["securityContext"]["runAsUser"] == 65532
     assert container["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
     assert pod["volumes"][0]["name"] == "tmp" and "emptyDir" in pod["volumes"][0]
+    # Service links would set PROVISIONER_METRICS_PORT=tcp://... from the metrics Service.
+    assert pod["enableServiceLinks"] is False
 
 
 def test_credentials_from_a_secret_or_irsa(helm):
