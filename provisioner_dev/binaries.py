@@ -427,7 +427,8 @@ def ensure_binaries() -> dict[str, Path]:
         _once(
             "the control plane is built from source once per machine (about 8 minutes on 2 "
             "cores, then cached); to skip it, set KUBEBUILDER_ASSETS to a directory with "
-            "envtest's kube-apiserver and etcd"
+            "envtest's kube-apiserver and etcd, or use a cluster you have: `provisioner dev up "
+            "--kubeconfig PATH`, PROVISIONER_TEST_KUBECONFIG=PATH for the tests"
         )
     paths: dict[str, Path] = {}
     for component in components():
