@@ -58,6 +58,10 @@ def _aws_settings(settings: config.Settings) -> AwsSettings:
 
 def cmd_run(args: argparse.Namespace) -> int:
     _limit_malloc_arenas()
+    # kopf looks for the official Kubernetes client when it is imported and, where one is
+    # installed (a development virtualenv), loads all of it (~20 MB) to offer logins this
+    # operator never uses: it logs in itself (provisioner.kubelogin). The image has none.
+    sys.modules.setdefault("kubernetes", None)  # type: ignore[arg-type]
     import kopf
 
     from provisioner.access import Access
