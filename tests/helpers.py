@@ -7,11 +7,31 @@ import functools
 import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 from provisioner_dev.cloud import DevCloud, inventory
+from provisioner_dev.stack import run_kubectl
 
 T = TypeVar("T")
+
+
+class Kubectl:
+    """kubectl against any cluster's kubeconfig, the way the session's `Cluster` offers it."""
+
+    def __init__(self, kubeconfig: str | Path) -> None:
+        self.kubeconfig = str(kubeconfig)
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60
+    ) -> Any:
+        result = run_kubectl(self.kubeconfig, *args, input=input, timeout=timeout)
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
+        return result
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.kubectl(*args, "-o", "json").stdout)
 
 
 def wait_for(

@@ -13,38 +13,25 @@ import pytest
 from provisioner_dev.binaries import ensure_binaries
 from provisioner_dev.controlplane import ControlPlane
 from provisioner_dev.processes import alive
-from provisioner_dev.stack import crd_names, run_kubectl
+from provisioner_dev.stack import crd_names
 from tests.conftest import needs_own_controlplane
 from tests.e2e.test_dev_cli import dev, read_state
-from tests.helpers import apply, manifests, wait_for, wait_ready
+from tests.helpers import Kubectl, apply, manifests, wait_for, wait_ready
 
 pytestmark = [pytest.mark.e2e, needs_own_controlplane]
 
 
-class Existing:
-    """kubectl against the developer's cluster, as tests.helpers expect it."""
-
-    def __init__(self, kubeconfig: Path) -> None:
-        self.kubeconfig = str(kubeconfig)
-
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True, timeout=60):
-        result = run_kubectl(self.kubeconfig, *args, input=input, timeout=timeout)
-        if check and result.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
-        return result
-
-
 @pytest.fixture
-def existing(tmp_path: Path) -> Iterator[Existing]:
+def existing(tmp_path: Path) -> Iterator[Kubectl]:
     cp = ControlPlane(tmp_path / "theirs", ensure_binaries())
     cp.start()
     try:
-        yield Existing(cp.kubeconfig)
+        yield Kubectl(cp.kubeconfig)
     finally:
         cp.stop()
 
 
-def crds(cluster: Existing) -> set[str]:
+def crds(cluster: Kubectl) -> set[str]:
     listed = cluster.kubectl("get", "crd", "-o", "name").stdout.split()
     return {line.split("/", 1)[-1] for line in listed}
 

@@ -13,7 +13,6 @@ import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -21,10 +20,10 @@ from provisioner_dev import image
 from provisioner_dev.binaries import ensure_binaries, ensure_helm
 from provisioner_dev.controlplane import NODE_GATEWAY, ControlPlane
 from provisioner_dev.node import Node, cannot_run
-from provisioner_dev.stack import MotoServer, install_crds, run_kubectl
+from provisioner_dev.stack import MotoServer, install_crds
 from tests.conftest import aws_clients, needs_own_controlplane
 from tests.e2e.test_helm_rbac import CHART, Helm
-from tests.helpers import apply, manifests, wait_for, wait_ready
+from tests.helpers import Kubectl, apply, manifests, wait_for, wait_ready
 
 _WHY = cannot_run() or image.cannot_build(need_mirror=image.cached_image() is None)
 pytestmark = [
@@ -38,25 +37,9 @@ pytestmark = [
 RELEASE, NAMESPACE = "provisioner", "provisioner-system"
 
 
-class Kube:
-    """kubectl against the node's control plane, as tests.helpers expect it."""
-
-    def __init__(self, kubeconfig: Path) -> None:
-        self.kubeconfig = str(kubeconfig)
-
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True, timeout=60):
-        result = run_kubectl(self.kubeconfig, *args, input=input, timeout=timeout)
-        if check and result.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
-        return result
-
-    def json(self, *args: str) -> dict:
-        return json.loads(self.kubectl(*args, "-o", "json").stdout)
-
-
 @dataclass
 class Cluster:
-    kube: Kube
+    kube: Kubectl
     node: Node
     moto: MotoServer
 
@@ -97,7 +80,7 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
         install_crds(cp.kubeconfig)
         ref = image.build(tag_version=False).ref
         node.load_image(ref)
-        kube = Kube(cp.kubeconfig)
+        kube = Kubectl(cp.kubeconfig)
         kube.kubectl("create", "namespace", NAMESPACE)
         kube.kubectl(
             "create", "secret", "generic", "aws", "-n", NAMESPACE,
