@@ -10,8 +10,11 @@
 
 # Any Debian bookworm with python3.11 (and python3-venv, useradd) will do.
 ARG BASE_IMAGE=python:3.11.17-slim-bookworm
+# The AWS services the operator calls: botocore keeps only their models.
+ARG AWS_SERVICES="rds s3 sqs sns iam eks sts"
 
 FROM ${BASE_IMAGE} AS builder
+ARG AWS_SERVICES
 
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
@@ -31,10 +34,10 @@ RUN pip install --no-cache-dir -c constraints.txt . \
 # setuptools are not needed to run.
 RUN site="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
     && for d in "$site"/botocore/data/*/; do \
-         case "$(basename "$d")" in rds|s3|sqs|sns|iam|eks|sts) ;; *) rm -rf "$d" ;; esac; \
+         case " $AWS_SERVICES " in *" $(basename "$d") "*) ;; *) rm -rf "$d" ;; esac; \
        done \
     && python -c 'import kopf, provisioner.cli, provisioner.operator' \
-    && python -c 'import boto3; [boto3.client(s, region_name="us-east-1") for s in ("rds", "s3", "sqs", "sns", "iam", "eks", "sts")]' \
+    && python -c 'import boto3, os; [boto3.client(s, region_name="us-east-1") for s in os.environ["AWS_SERVICES"].split()]' \
     && python -m pip uninstall --yes --quiet pip setuptools
 
 
@@ -43,6 +46,7 @@ RUN site="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])
 # documentation, Python's own test suite, 2to3, tkinter, ensurepip and the wheels behind it).
 # dpkg's database stays, so that image scanners still see what the base is made of.
 FROM ${BASE_IMAGE} AS rootfs
+ARG AWS_SERVICES
 
 # A passwd entry for uid 65532: kopf names its peering identity after the user
 # (getpass.getuser()), which fails for a uid without one.
@@ -64,7 +68,7 @@ RUN rm -rf /usr/bin/perl* /usr/lib/x86_64-linux-gnu/perl* /usr/share/perl* \
                 "$lib"/lib-dynload/_sqlite3* "$lib"/lib-dynload/_tkinter*; \
        done \
     && /opt/venv/bin/python -c 'import kopf, provisioner.cli, provisioner.operator' \
-    && /opt/venv/bin/python -c 'import boto3; [boto3.client(s, region_name="us-east-1") for s in ("rds", "s3", "sqs", "sns", "iam", "eks", "sts")]' \
+    && /opt/venv/bin/python -c 'import boto3, os; [boto3.client(s, region_name="us-east-1") for s in os.environ["AWS_SERVICES"].split()]' \
     && mkdir -p /tmp && chmod 1777 /tmp
 
 

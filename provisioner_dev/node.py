@@ -93,6 +93,7 @@ class Node:
         self.sock = directory / "containerd.sock"
         self.runc_root = directory / "runc"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.binaries: dict[str, Path] = {}
 
     # -- start -----------------------------------------------------------------------------
 
@@ -100,7 +101,7 @@ class Node:
         why = cannot_run()
         if why:
             raise NodeError(why)
-        binaries = ensure_node()
+        self.binaries = binaries = ensure_node()
         self.dir.mkdir(parents=True, exist_ok=True)
         try:
             self._network()
@@ -263,7 +264,6 @@ state = "{self.dir / "containerd-state"}"
         self.procs["kube-proxy"] = spawn(
             [str(binary), f"--config={path}", "--v=0"], self.logs / "kube-proxy.log"
         )
-        self._proxy_binary = binary
 
     def _kubelet(self, binary: Path) -> None:
         config = {
@@ -322,7 +322,7 @@ state = "{self.dir / "containerd-state"}"
         proc = self.procs.pop("containerd", None)
         if proc is not None:
             stop(proc.pid)
-        proxy = getattr(self, "_proxy_binary", None)
+        proxy = self.binaries.get("kube-proxy")
         if proxy is not None:
             _run(str(proxy), "--cleanup", check=False)
             _remove_kube_chains()
