@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from provisioner_dev import pki as pki_mod
-from provisioner_dev.processes import StartError, free_port, spawn, stop, wait_until
+from provisioner_dev.processes import StartError, fixed_port, free_port, spawn, stop, wait_until
 
 CONTEXT = "provisioner-dev"
 # With nodes (provisioner_dev/node.py): the node's bridge address, where pods reach the API
@@ -211,7 +211,8 @@ class ControlPlane:
         )
 
     def _start_apiserver(self, timeout: float, port: int | None = None) -> None:
-        self.apiserver_port = port or free_port()
+        # Kept across `restart_apiserver()`: outside the ephemeral range.
+        self.apiserver_port = port or fixed_port()
         log = self.logs / "kube-apiserver.log"
         p = self.pki
         self.procs["kube-apiserver"] = proc = spawn(
