@@ -13,13 +13,15 @@ import ctypes
 import importlib
 import logging
 import sys
+from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from provisioner import config
 
 if TYPE_CHECKING:
     from provisioner.cloud.aws import AwsSettings
+    from provisioner.kube import Kube
 
 
 def _fail(message: str) -> int:
@@ -71,6 +73,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from provisioner.kube import Kube
     from provisioner.operator import account_directory, event_poster, register
     from provisioner.reconcile import Reconciler
+    from provisioner.webhook import CrdError
 
     settings = config.from_args(args)
     try:
@@ -119,16 +122,66 @@ def cmd_run(args: argparse.Namespace) -> int:
         ",".join(settings.namespaces) or "all",
         settings.resync_seconds,
     )
-    asyncio.run(
-        kopf.operator(
-            registry=registry,
-            clusterwide=not settings.namespaces,
-            namespaces=settings.namespaces,
-            standalone=settings.peering is None,
-            peering_name=settings.peering,
-            liveness_endpoint=f"http://0.0.0.0:{settings.liveness_port}/healthz",
-        )
+    operator = kopf.operator(
+        registry=registry,
+        clusterwide=not settings.namespaces,
+        namespaces=settings.namespaces,
+        standalone=settings.peering is None,
+        peering_name=settings.peering,
+        liveness_endpoint=f"http://0.0.0.0:{settings.liveness_port}/healthz",
     )
+    try:
+        asyncio.run(_with_webhook(settings, kube, operator))
+    except CrdError as exc:
+        print(f"provisioner: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+async def _with_webhook(
+    settings: config.Settings, kube: Kube, operator: Coroutine[Any, Any, Any]
+) -> None:
+    """The CRDs checked, the conversion webhook serving (unless off), then the operator."""
+    from provisioner import webhook
+
+    hook, upkeep = None, None
+    try:
+        if settings.webhook:
+            hook = await webhook.serve(settings, kube, asyncio.to_thread)
+            upkeep = asyncio.create_task(hook.maintain())
+        else:
+            await webhook.check_crds(kube, asyncio.to_thread)
+        await operator
+    finally:
+        operator.close()  # never awaited when the CRDs were refused
+        if upkeep is not None:
+            upkeep.cancel()
+        if hook is not None:
+            await hook.stop()
+
+
+def cmd_webhook(args: argparse.Namespace) -> int:
+    """Only the conversion webhook: for a dev stack whose operator restarts, or a cluster
+    that runs it apart from the operator."""
+    from provisioner import webhook
+    from provisioner.kube import Kube
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    settings = config.from_args(args)
+    kube = Kube(pool_size=4)
+
+    async def serve() -> None:
+        hook = await webhook.serve(settings, kube, asyncio.to_thread)
+        try:
+            await hook.maintain()
+        finally:
+            await hook.stop()
+
+    try:
+        asyncio.run(serve())
+    except webhook.CrdError as exc:
+        print(f"provisioner: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -153,6 +206,12 @@ def cmd_leaks(args: argparse.Namespace) -> int:
         return _fail(f"cannot list resources: {exc}")
     print(leaks.report(findings))
     return 1 if findings else 0
+
+
+def cmd_migrate_storage(args: argparse.Namespace) -> int:
+    from provisioner import migrate
+
+    return migrate.main(args.kubeconfig, args.crd)
 
 
 DEV_HARNESS = "provisioner_dev.cli"
@@ -187,6 +246,31 @@ def parser() -> argparse.ArgumentParser:
     )
     config.add_arguments(leaks)
     leaks.set_defaults(func=cmd_leaks)
+
+    migrate = sub.add_parser(
+        "migrate-storage",
+        help="store every object of the CRDs at their storage version, then drop the older "
+        "versions from status.storedVersions",
+    )
+    migrate.add_argument(
+        "--kubeconfig",
+        help="the admin's kubeconfig (default: in a pod its ServiceAccount, else $KUBECONFIG "
+        "or ~/.kube/config)",
+    )
+    migrate.add_argument(
+        "--crd",
+        action="append",
+        metavar="NAME",
+        help="only this CRD (repeatable; default: "
+        "databaseinstances, s3buckets, queues and topics.cloud.provisioner.dev)",
+    )
+    migrate.set_defaults(func=cmd_migrate_storage)
+
+    hook = sub.add_parser(
+        "webhook", help="serve only the conversion webhook (v1alpha1 <-> v1beta1) of the CRDs"
+    )
+    config.add_arguments(hook)
+    hook.set_defaults(func=cmd_webhook)
 
     _add_dev_commands(sub)
     return p

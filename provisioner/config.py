@@ -60,6 +60,19 @@ class Settings:
     expiry_warning_seconds: float = 3600.0
     oidc_issuer: str = ""
     eks_cluster: str = ""
+    # The conversion webhook (provisioner/webhook.py): served by this process unless off
+    # (then another process serves it: `provisioner webhook`).
+    webhook: bool = True
+    webhook_port: int = 9443
+    # In a cluster: the Service (namespace/name) and its port the CRDs point at; outside
+    # one, https://127.0.0.1:<webhook_port>/convert unless webhook_url says otherwise.
+    webhook_service: str = ""
+    webhook_service_port: int = 9443
+    webhook_url: str = ""
+    webhook_secret: str = "provisioner-webhook-tls"  # noqa: S105 - a Secret's name
+    # The operator's own namespace (the webhook's Secret lives there); "" : the
+    # ServiceAccount's namespace in a cluster, else "default".
+    namespace: str = ""
 
     @property
     def manages_accounts(self) -> bool:
@@ -98,6 +111,13 @@ class Settings:
             expiry_warning_seconds=_number("PROVISIONER_EXPIRY_WARNING_SECONDS", "3600", float),
             oidc_issuer=_env("PROVISIONER_OIDC_ISSUER"),
             eks_cluster=_env("PROVISIONER_EKS_CLUSTER"),
+            webhook=_switch(_env("PROVISIONER_WEBHOOK")) is not False,
+            webhook_port=_number("PROVISIONER_WEBHOOK_PORT", "9443"),
+            webhook_service=_env("PROVISIONER_WEBHOOK_SERVICE"),
+            webhook_service_port=_number("PROVISIONER_WEBHOOK_SERVICE_PORT", "9443"),
+            webhook_url=_env("PROVISIONER_WEBHOOK_URL"),
+            webhook_secret=_env("PROVISIONER_WEBHOOK_SECRET", "provisioner-webhook-tls"),
+            namespace=_env("PROVISIONER_NAMESPACE"),
         )
 
 
@@ -174,6 +194,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --access=irsa: the cluster's OIDC issuer URL (env PROVISIONER_OIDC_ISSUER)",
     )
     parser.add_argument(
+        "--webhook",
+        choices=["on", "off"],
+        help="serve the conversion webhook in this process (default on; off: another "
+        "process runs `provisioner webhook`)",
+    )
+    parser.add_argument(
+        "--webhook-port", type=int, help="the conversion webhook's HTTPS port (default 9443)"
+    )
+    parser.add_argument(
         "--eks-cluster",
         help="with --access=pod-identity: the EKS cluster's name (env PROVISIONER_EKS_CLUSTER)",
     )
@@ -204,6 +233,8 @@ def from_args(args: argparse.Namespace) -> Settings:
             "expiry_warning_seconds": args.expiry_warning_seconds,
             "oidc_issuer": args.oidc_issuer,
             "eks_cluster": args.eks_cluster,
+            "webhook": None if getattr(args, "webhook", None) is None else args.webhook == "on",
+            "webhook_port": getattr(args, "webhook_port", None),
         }.items()
         if value is not None
     }

@@ -64,10 +64,12 @@ def convert(body: Mapping[str, Any], desired: str) -> dict[str, Any]:
 def to_internal(body: Mapping[str, Any]) -> dict[str, Any]:
     """The body as the reconciler reads it (v1beta1), whatever version it was written in.
 
-    A body without apiVersion (as some tests build them) is taken as v1beta1.
+    A body without apiVersion is read as v1alpha1, which changes nothing in a v1beta1 one.
     """
-    if not body.get("apiVersion") or body.get("kind") not in KINDS:
+    if body.get("kind") not in KINDS:
         return dict(body)
+    if not body.get("apiVersion"):
+        return to_v1beta1(copy.deepcopy(dict(body)))
     return convert(body, HUB)
 
 
@@ -176,3 +178,16 @@ def review_response(review: Mapping[str, Any]) -> dict[str, Any]:
         "kind": "ConversionReview",
         "response": {"uid": uid, "convertedObjects": converted, "result": result},
     }
+
+
+def essence_to_hub(essence: Mapping[str, Any], kind: str) -> dict[str, Any]:
+    """A stored spec/metadata essence (kopf's last-handled configuration) at the hub.
+
+    One written by an operator that watched v1alpha1 is converted; one already at the hub
+    comes back unchanged (converting a hub form as if it were v1alpha1 changes nothing).
+    """
+    if kind not in KINDS:
+        return dict(essence)
+    body = {**essence, "apiVersion": f"{GROUP}/{V1ALPHA1}", "kind": kind}
+    out = to_v1beta1(copy.deepcopy(body))
+    return {k: v for k, v in out.items() if k not in ("apiVersion", "kind")}

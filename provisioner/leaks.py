@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from provisioner import API_VERSION, accounts
+from provisioner import ACCOUNTS_API_VERSION, API_VERSION, accounts
 from provisioner.cloud import errors, iam
 from provisioner.cloud.assume import AccountRef
 from provisioner.cloud.aws import Aws, classify
@@ -114,7 +114,7 @@ def find(aws: Cloud, kube: Kube, cluster_id: str, region: str) -> list[Finding]:
         ("", aws, sorted({region} | _regions_of(crs, "")))
     ]
     if isinstance(aws, Aws):
-        listing = kube.request("GET", f"/apis/{API_VERSION}/{accounts.PLURAL}") or {}
+        listing = kube.request("GET", f"/apis/{ACCOUNTS_API_VERSION}/{accounts.PLURAL}") or {}
         for item in listing.get("items", []):
             account = accounts.CloudAccount.from_body(item)
             used = set(account.regions) or (

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from provisioner import annotation_keys
+from provisioner import annotation_keys, conversion
 
 if TYPE_CHECKING:
     from provisioner.cloud.assume import AccountRef
@@ -56,6 +56,8 @@ class Resource:
     user_tags: dict[str, str] = field(default_factory=dict)
     deletion_policy: str = "Delete"
     secret_name: str = ""
+    # spec.connectionSecret.keys: Secret key -> template ({{ .host }}); empty: the default keys.
+    secret_keys: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
     status: dict[str, Any] = field(default_factory=dict)
     # The cloud name: explicit in the spec, or derived deterministically.
@@ -87,10 +89,12 @@ class Resource:
         region: str,
         cluster_id: str,
     ) -> Resource:
+        # One internal version (v1beta1) whatever version the body was written in.
+        body = conversion.to_internal(body)
         meta = body["metadata"]
         raw_spec = body.get("spec") or {}
         spec = descriptor.parse_spec(raw_spec)
-        ref = raw_spec.get("writeConnectionSecretToRef") or {}
+        ref = raw_spec.get("connectionSecret") or {}
         explicit = str(raw_spec.get(descriptor.name_field) or "")
         namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
         created = parse_time(meta["creationTimestamp"]) if meta.get("creationTimestamp") else None
@@ -106,6 +110,7 @@ class Resource:
             user_tags=dict(raw_spec.get("tags") or {}),
             deletion_policy=raw_spec.get("deletionPolicy") or descriptor.default_deletion_policy,
             secret_name=ref.get("name") or f"{name}-connection",
+            secret_keys=dict(ref.get("keys") or {}),
             annotations=dict(meta.get("annotations") or {}),
             status=dict(body.get("status") or {}),
             external_name=explicit or descriptor.derive_name(namespace, name, uid, spec),

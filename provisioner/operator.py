@@ -22,12 +22,23 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor, Future
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import kopf
 
-from provisioner import API_VERSION, FINALIZER, GROUP, VERSION, accounts, kubelogin, metrics
+from provisioner import (
+    ACCOUNTS_API_VERSION,
+    ACCOUNTS_VERSION,
+    API_VERSION,
+    FINALIZER,
+    GROUP,
+    VERSION,
+    accounts,
+    conversion,
+    kubelogin,
+    metrics,
+)
 from provisioner import conditions as cond
 from provisioner.cloud import errors
 from provisioner.cloud.aws import Aws
@@ -73,6 +84,21 @@ def _log_failure(future: Future[None]) -> None:
         log.warning("could not post an Event: %s", exc)
 
 
+class HubDiffBaseStorage(kopf.StatusDiffBaseStorage):
+    """kopf's last-handled configuration, read at the version the operator watches.
+
+    One stored by an operator that watched v1alpha1 spells fields the old way; compared
+    as it is with a v1beta1 body, every resource would look changed after an upgrade.
+    """
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        essence = super().fetch(body=body)
+        if essence is None:
+            return None
+        converted = conversion.essence_to_hub(essence, str(body.get("kind", "")))
+        return cast(kopf.BodyEssence, converted)
+
+
 def configure_kopf(
     kopf_settings: kopf.OperatorSettings, settings: Settings, priority: int | None
 ) -> None:
@@ -80,7 +106,7 @@ def configure_kopf(
     kopf_settings.persistence.progress_storage = kopf.StatusProgressStorage(
         field="status.kopf.progress"
     )
-    kopf_settings.persistence.diffbase_storage = kopf.StatusDiffBaseStorage(
+    kopf_settings.persistence.diffbase_storage = HubDiffBaseStorage(
         field="status.kopf.lastHandledConfiguration"
     )
     # Cluster-wide or with exact namespace names nothing needs discovering at run time (and
@@ -112,7 +138,7 @@ def configure_kopf(
 
 def account_directory(kube: Kube) -> accounts.Directory:
     return accounts.Directory(
-        lambda name: kube.request("GET", f"/apis/{API_VERSION}/{accounts.PLURAL}/{name}"),
+        lambda name: kube.request("GET", f"/apis/{ACCOUNTS_API_VERSION}/{accounts.PLURAL}/{name}"),
         lambda name: kube.request("GET", f"/api/v1/namespaces/{name}"),
     )
 
@@ -141,14 +167,15 @@ async def wait_for_api(reconciler: Reconciler) -> None:
     delay = 0.5
     while True:
         try:
-            found = await reconciler.in_thread(
-                reconciler.kube.request, "GET", f"/apis/{API_VERSION}"
-            )
-            served = {r.get("name") for r in (found or {}).get("resources", [])}
-            wanted = {k.plural for k in KINDS}
+            wanted = {API_VERSION: {k.plural for k in KINDS}}
             if reconciler.directory is not None:
-                wanted.add(accounts.PLURAL)
-            missing = wanted - served
+                wanted.setdefault(ACCOUNTS_API_VERSION, set()).add(accounts.PLURAL)
+            missing: set[str] = set()
+            for api_version, plurals in wanted.items():
+                found = await reconciler.in_thread(
+                    reconciler.kube.request, "GET", f"/apis/{api_version}"
+                )
+                missing |= plurals - {r.get("name") for r in (found or {}).get("resources", [])}
             if not missing:
                 return
             log.warning("waiting for the CRDs of %s to be served", ", ".join(sorted(missing)))
@@ -390,7 +417,7 @@ def _register_accounts(
                 await reconciler.in_thread(
                     kube.request,
                     "PATCH",
-                    f"/apis/{API_VERSION}/{accounts.PLURAL}/{raw['metadata']['name']}/status",
+                    f"/apis/{ACCOUNTS_API_VERSION}/{accounts.PLURAL}/{raw['metadata']['name']}/status",
                     {"status": update},
                     content_type="application/merge-patch+json",
                 )
@@ -428,7 +455,7 @@ def _register_accounts(
                 log.info("namespace %s changed: rechecking %d resources", name, len(affected))
                 scheduler.recheck(affected)
 
-    kopf.on.event(GROUP, VERSION, accounts.PLURAL, id=ACCOUNT_WATCH, registry=registry)(
+    kopf.on.event(GROUP, ACCOUNTS_VERSION, accounts.PLURAL, id=ACCOUNT_WATCH, registry=registry)(
         on_account_event
     )
     kopf.on.event("", "v1", "namespaces", id=NAMESPACE_WATCH, registry=registry)(on_namespace_event)
@@ -453,7 +480,9 @@ def _register_accounts(
             raise kopf.TemporaryError(message, delay=min(30.0, 5.0 * (retry + 1)))
         sessions.forget(name)
 
-    kopf.on.delete(GROUP, VERSION, accounts.PLURAL, id="release", registry=registry)(
+    kopf.on.delete(GROUP, ACCOUNTS_VERSION, accounts.PLURAL, id="release", registry=registry)(
         release_account
     )
-    kopf.timer(GROUP, VERSION, accounts.PLURAL, interval=30, registry=registry)(check_periodically)
+    kopf.timer(GROUP, ACCOUNTS_VERSION, accounts.PLURAL, interval=30, registry=registry)(
+        check_periodically
+    )

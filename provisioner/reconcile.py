@@ -1169,8 +1169,8 @@ class Reconciler:
             connection_secret.needs_write(existing, resource, {})  # raises SecretConflict
         data = dict(obs.connection)
         if isinstance(client, PasswordClient):
-            current = connection_secret.decode(existing) if owned and existing else {}
-            password = current.get("password") or self.pending_passwords.get(resource.uid)
+            stored = connection_secret.stored_password(existing) if owned and existing else None
+            password = stored or self.pending_passwords.get(resource.uid)
             rotate = resource.rotation_pending
             if rotate or not password:
                 # Rotation asked, or nobody knows the password any more (Secret deleted,
@@ -1185,6 +1185,10 @@ class Reconciler:
                         annotation_keys.ROTATE_PASSWORD_AT
                     )
             data = client.with_password(data, password)
+        try:
+            data = connection_secret.render(resource.secret_keys, data)
+        except connection_secret.TemplateError as exc:
+            raise errors.NotSupportedError(str(exc)) from None
         if connection_secret.needs_write(existing, resource, data):
             body = connection_secret.build(resource, data)
             if existing is None:

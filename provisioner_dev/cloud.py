@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import boto3
 import botocore.config
 
-from provisioner import API_VERSION
+from provisioner import ACCOUNTS_API_VERSION
 from provisioner.cloud.aws import classify
 from provisioner.cloud.base import OwnedResource
 from provisioner.kinds import ERROR_CODES
@@ -151,7 +151,7 @@ def cloud_account(
     if default_region:
         spec["defaultRegion"] = default_region
     return {
-        "apiVersion": API_VERSION,
+        "apiVersion": ACCOUNTS_API_VERSION,
         "kind": "CloudAccount",
         "metadata": {"name": name},
         "spec": spec,

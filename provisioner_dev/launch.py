@@ -41,6 +41,7 @@ from provisioner_dev.stack import (
     FaultProxy,
     MotoServer,
     OperatorProcess,
+    WebhookProcess,
     aws_env,
     cluster_answers,
     install_crds,
@@ -74,11 +75,16 @@ class Stack:
     # the CRDs are applied to it, and what `service_account_kubeconfig` adds there is removed
     # again by `stop()`.
     existing: Path | None = None
+    # `provisioner webhook` as a process of its own (stopped by `stop()`); off: the operators
+    # must serve the conversion webhook (--webhook=on), or v1alpha1 cannot be written.
+    serve_webhook: bool = True
 
     controlplane: ControlPlane = field(init=False)
     cloud: MotoServer | LocalStackServer = field(init=False)
     proxy: FaultProxy | None = field(init=False, default=None)
     awslike: AwsLikeProxy | None = field(init=False, default=None)
+    # The CRDs' conversion webhook, apart from the operators (they run with --webhook=off).
+    webhook: WebhookProcess | None = field(init=False, default=None)
     operators: list[OperatorProcess] = field(init=False, default_factory=list)
     _added: list[tuple[str, str]] = field(init=False, default_factory=list)
 
@@ -154,6 +160,14 @@ class Stack:
                 self.controlplane.start()
             self.cloud.start()
             install_crds(self.kubeconfig)
+            if self.serve_webhook:
+                self.webhook = WebhookProcess(
+                    log=(self.log_dir or self.dir) / "webhook.log",
+                    kubeconfig=str(self.kubeconfig),
+                )
+                self.webhook.start()
+                if self.existing is not None:
+                    self._added.append(("secret", "provisioner-webhook-tls"))
             if self.cloud_profile is not None:
                 self.awslike = AwsLikeProxy(
                     upstream=self.cloud.url,
@@ -204,7 +218,12 @@ class Stack:
             kubeconfig=str(kubeconfig or self.kubeconfig),
             endpoint_url=endpoint_url or self.operator_url,
             log=log or (self.log_dir or self.dir) / "operator.log",
-            extra_args=list(args or []),
+            extra_args=list(args or [])
+            + (
+                []
+                if not self.serve_webhook or any(a.startswith("--webhook") for a in args or [])
+                else ["--webhook=off"]
+            ),
             extra_env=extra_env,
         )
         self.operators.append(op)
@@ -285,6 +304,7 @@ class Stack:
         rest running: the failures are printed to stderr and returned."""
         parts: list[Any] = [
             *reversed(self.operators),
+            self.webhook,
             self.proxy,
             self.awslike,
             self.cloud,

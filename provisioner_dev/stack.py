@@ -27,6 +27,7 @@ from provisioner_dev.controlplane import ControlPlaneState, healthy
 from provisioner_dev.processes import (
     LoopbackService,
     StartError,
+    fixed_port,
     free_port,
     same_alive,
     start_time,
@@ -211,6 +212,46 @@ class OperatorProcess(LoopbackService):
 
     def stop(self, kill: bool = False, timeout: float = 15.0) -> None:
         super().stop(kill=kill, timeout=timeout)
+
+
+# A v1alpha1 object the API server must convert to store (v1beta1): only a dry run, to see
+# the conversion webhook answer.
+_PROBE = """apiVersion: cloud.provisioner.dev/v1alpha1
+kind: Topic
+metadata:
+  name: conversion-probe
+  namespace: default
+spec:
+  writeConnectionSecretToRef:
+    name: conversion-probe
+"""
+
+
+def conversion_answers(kubeconfig: str | Path) -> bool:
+    """Whether the API server converts v1alpha1 through the webhook now."""
+    done = run_kubectl(
+        kubeconfig, "create", "--dry-run=server", "-o", "name", "-f", "-", input=_PROBE
+    )
+    return done.returncode == 0
+
+
+@dataclass(kw_only=True)
+class WebhookProcess(LoopbackService):
+    """`provisioner webhook`: the CRDs' conversion webhook on loopback, apart from the
+    operators, so that v1alpha1 objects can be written while an operator restarts."""
+
+    kubeconfig: str
+
+    def start(self, timeout: float = 60.0) -> None:
+        self.port = self.port or fixed_port()
+        env = dict(os.environ, KUBECONFIG=self.kubeconfig, PROVISIONER_NAMESPACE="default")
+        self.launch(
+            [sys.executable, "-m", "provisioner", "webhook", f"--webhook-port={self.port}"],
+            lambda: conversion_answers(self.kubeconfig),
+            what="conversion webhook",
+            timeout=timeout,
+            env=env,
+        )
 
 
 # The processes of a dev environment, by the part they play. The control plane and moto
@@ -525,7 +566,7 @@ class DevStack:
         self.dev_dir.mkdir(parents=True, exist_ok=True)
         data_dir = Path(tempfile.mkdtemp(prefix="provisioner-dev-"))
         started = time.monotonic()
-        stack = Stack(dir=data_dir, log_dir=self.dev_dir)
+        stack = Stack(dir=data_dir, log_dir=self.dev_dir, serve_webhook=False)
         kubeconfig = self.dev_dir / "kubeconfig"
         proxy: AwsLikeProxy | None = None
         try:
@@ -598,10 +639,12 @@ class DevStack:
         return state
 
     def _start_operator(self, state: dict) -> None:
+        # It serves the CRDs' conversion webhook itself, on loopback.
         operator = OperatorProcess(
             kubeconfig=state["kubeconfig"],
             endpoint_url=state.get("cloud_url", state["moto_url"]),
             log=self.dev_dir / "operator.log",
+            extra_args=[f"--webhook-port={fixed_port()}"],
         )
         try:
             operator.start()

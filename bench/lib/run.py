@@ -24,7 +24,7 @@ from bench.lib.profile import PySpy
 from bench.lib.recording import BENCH_USER_AGENT, Recording
 from bench.lib.synced import SyncedWatch
 from bench.lib.workload import KINDS, PLURALS, Lister, plan
-from provisioner import API_VERSION, GROUP
+from provisioner import ACCOUNTS_API_VERSION, API_VERSION, GROUP
 from provisioner_dev.cloud import DevCloud, cloud_account, create_role, in_account, inventory
 from provisioner_dev.kubejson import KubeJson
 from provisioner_dev.launch import Stack
@@ -217,7 +217,7 @@ class Bench:
                 in_account(url, account, "bench", user_agent=BENCH_USER_AGENT)
             )
             body = cloud_account(f"bench-acc-{i}", role, {"bench-account": f"acc-{i}"})
-            self.api.json("POST", f"/apis/{API_VERSION}/cloudaccounts", body)
+            self.api.json("POST", f"/apis/{ACCOUNTS_API_VERSION}/cloudaccounts", body)
 
     def events_by_reason(self) -> dict[str, int]:
         """Events in the bench namespaces by `component: type reason` (who posted what)."""

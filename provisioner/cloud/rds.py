@@ -28,6 +28,8 @@ class DatabaseSpec:
     engine: str
     instance_class: str
     allocated_storage_gib: int = 20
+    storage_type: str | None = None
+    iops: int | None = None
     engine_version: str | None = None
     master_username: str = "app"
     database_name: str | None = None
@@ -43,7 +45,9 @@ class DatabaseSpec:
             instance_identifier=spec.get("instanceIdentifier") or None,
             engine=spec["engine"],
             instance_class=spec["instanceClass"],
-            allocated_storage_gib=int(spec.get("allocatedStorageGiB", 20)),
+            allocated_storage_gib=int((spec.get("storage") or {}).get("sizeGiB", 20)),
+            storage_type=(spec.get("storage") or {}).get("type") or None,
+            iops=int(iops) if (iops := (spec.get("storage") or {}).get("iops")) else None,
             engine_version=spec.get("engineVersion") or None,
             master_username=spec.get("masterUsername", "app"),
             database_name=spec.get("databaseName") or None,
@@ -58,7 +62,9 @@ class DatabaseSpec:
 # A spec value of None means "whatever the cloud chose".
 MUTABLE = (
     ("spec.instanceClass", "instance_class", "DBInstanceClass"),
-    ("spec.allocatedStorageGiB", "allocated_storage_gib", "AllocatedStorage"),
+    ("spec.storage.sizeGiB", "allocated_storage_gib", "AllocatedStorage"),
+    ("spec.storage.type", "storage_type", "StorageType"),
+    ("spec.storage.iops", "iops", "Iops"),
     ("spec.engineVersion", "engine_version", "EngineVersion"),
     ("spec.port", "port", "Port"),
     ("spec.multiAZ", "multi_az", "MultiAZ"),
@@ -133,6 +139,8 @@ class RdsClient:
             "EngineVersion": spec.engine_version,
             "DBName": spec.database_name,
             "Port": spec.port,
+            "StorageType": spec.storage_type,
+            "Iops": spec.iops,
         }
         created = self.aws.call(
             self._rds(resource).create_db_instance,
@@ -169,10 +177,10 @@ class RdsClient:
                 self.aws.call(rds.remove_tags_from_resource, ResourceName=arn, TagKeys=to_remove)
         if not changes:
             return
-        storage = changes.get("spec.allocatedStorageGiB")
+        storage = changes.get("spec.storage.sizeGiB")
         if storage is not None and storage.desired < storage.observed:
             raise errors.TerminalError(
-                f"allocatedStorageGiB cannot shrink from {storage.observed} to {storage.desired}",
+                f"storage.sizeGiB cannot shrink from {storage.observed} to {storage.desired}",
                 "InvalidParameterCombination",
             )
         if (state := instance.get("DBInstanceStatus", "")) != "available":

@@ -118,7 +118,7 @@ def test_database_spec_parses_values():
         {
             "engine": "mysql",
             "instanceClass": "db.m5.large",
-            "allocatedStorageGiB": "50",
+            "storage": {"sizeGiB": "50", "type": "gp3", "iops": 3000},
             "engineVersion": "",
             "databaseName": "main",
             "port": 3307,
@@ -127,6 +127,7 @@ def test_database_spec_parses_values():
         }
     )
     assert spec.allocated_storage_gib == 50
+    assert (spec.storage_type, spec.iops) == ("gp3", 3000)
     assert spec.engine_version is None
     assert spec.database_name == "main"
     assert spec.port == 3307

@@ -1,0 +1,240 @@
+"""The conversion webhook: v1alpha1 <-> v1beta1 for the API server, served by the operator.
+
+At start (`prepare`): the CRDs must serve the version the operator watches and convert by
+webhook (else one line and exit 2); the certificates are read from (or written to) their
+Secret (provisioner/webhook_certs.py); the HTTPS server starts on its own port; and each CRD's
+`spec.conversion.webhook.clientConfig` is pointed at this operator (the chart's Service in a
+cluster, loopback outside one) with the CA in `caBundle`. Every hour the certificates are
+checked again, renewed when due and reloaded without a restart.
+
+RBAC: `get` and `patch` on exactly the four CRDs (resourceNames), and `get`/`create`/`update`
+of the one Secret in the operator's namespace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import ssl
+import tempfile
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from provisioner import GROUP, VERSION, conversion, webhook_certs
+from provisioner.config import Settings
+from provisioner.kinds import KINDS
+from provisioner.kube import Kube, KubeError
+
+log = logging.getLogger(__name__)
+PATH = "/convert"
+CHECK_SECONDS = 3600.0
+CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+T = TypeVar("T")
+
+
+class CrdError(RuntimeError):
+    """The CRDs found cannot be served by this operator; the message is one line."""
+
+
+def crd_names() -> list[str]:
+    return [f"{k.plural}.{GROUP}" for k in KINDS]
+
+
+def check_crd(crd: dict[str, Any] | None, name: str) -> None:
+    """Raises CrdError unless the CRD serves VERSION and converts by webhook."""
+    fix = "apply this release's CRDs first (kubectl apply --server-side -f crds/, or helm upgrade)"
+    if crd is None:
+        raise CrdError(f"CRD {name} is not installed: {fix}")
+    served = [v["name"] for v in crd["spec"].get("versions", []) if v.get("served")]
+    if VERSION not in served:
+        raise CrdError(f"CRD {name} does not serve {VERSION} (only {', '.join(served)}): {fix}")
+    if (crd["spec"].get("conversion") or {}).get("strategy") != "Webhook":
+        raise CrdError(f"CRD {name} has no conversion webhook: {fix}")
+
+
+def client_config(settings: Settings, ca_pem: bytes) -> dict[str, Any]:
+    import base64
+
+    config: dict[str, Any] = {"caBundle": base64.b64encode(ca_pem).decode()}
+    if settings.webhook_url:
+        config["url"] = settings.webhook_url
+    elif settings.webhook_service:
+        namespace, _, name = settings.webhook_service.partition("/")
+        config["service"] = {
+            "namespace": namespace,
+            "name": name,
+            "port": settings.webhook_service_port,
+            "path": PATH,
+        }
+    else:
+        config["url"] = f"https://127.0.0.1:{settings.webhook_port}{PATH}"
+    return config
+
+
+def point_crd(kube: Kube, name: str, wanted: dict[str, Any]) -> bool:
+    """Point the CRD's conversion at `wanted`; True when it had to change."""
+    crd = kube.request("GET", f"{CRD_PATH}/{name}")
+    check_crd(crd, name)
+    assert crd is not None
+    webhook = crd["spec"]["conversion"].get("webhook") or {}
+    if webhook.get("clientConfig") == wanted:
+        return False
+    patch = {
+        "spec": {
+            "conversion": {
+                "strategy": "Webhook",
+                "webhook": {
+                    "conversionReviewVersions": ["v1"],
+                    # null first: a merge patch keeps a `service` beside a new `url` otherwise.
+                    "clientConfig": {"url": None, "service": None, **wanted},
+                },
+            }
+        }
+    }
+    kube.request("PATCH", f"{CRD_PATH}/{name}", patch, content_type="application/merge-patch+json")
+    return True
+
+
+async def convert(request: web.Request) -> web.Response:
+    try:
+        review = await request.json()
+    except (ValueError, UnicodeDecodeError):
+        return web.Response(status=400, text="not a ConversionReview")
+    if not isinstance(review, dict):
+        return web.Response(status=400, text="not a ConversionReview")
+    answer = conversion.review_response(review)
+    return web.Response(text=json.dumps(answer), content_type="application/json")
+
+
+@dataclass
+class Webhook:
+    settings: Settings
+    kube: Kube
+    run: Callable[..., Awaitable[Any]]
+    runner: web.AppRunner | None = None
+    context: ssl.SSLContext | None = None
+    certs: webhook_certs.Certificates | None = None
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await self.run(fn, *args)  # type: ignore[no-any-return]
+
+    def _names(self) -> list[str]:
+        return webhook_certs.dns_names(self.settings.webhook_service)
+
+    async def _load(self) -> webhook_certs.Certificates:
+        certs = await self._call(
+            webhook_certs.ensure,
+            self.kube,
+            own_namespace(self.settings, self.kube),
+            self.settings.webhook_secret,
+            self._names(),
+        )
+        if certs != self.certs:
+            context = self.context or ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            # The key lives in a private temporary file only as long as loading takes.
+            with tempfile.TemporaryDirectory() as tmp:
+                cert, key = os.path.join(tmp, "tls.crt"), os.path.join(tmp, "tls.key")
+                fd = os.open(key, os.O_WRONLY | os.O_CREAT, 0o600)
+                with os.fdopen(fd, "wb") as out:
+                    out.write(certs.key_pem)
+                with open(cert, "wb") as out:
+                    out.write(certs.cert_pem)
+                context.load_cert_chain(cert, key)  # new connections use the new one
+            self.context, self.certs = context, certs
+        return certs
+
+    async def point(self) -> None:
+        assert self.certs is not None
+        wanted = client_config(self.settings, self.certs.ca_pem)
+        for name in crd_names():
+            if await self._call(point_crd, self.kube, name, wanted):
+                log.info("conversion webhook of CRD %s now points at this operator", name)
+
+    async def start(self) -> None:
+        await self._load()
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post(PATH, convert)
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        host = "127.0.0.1" if not self.settings.webhook_service else "0.0.0.0"
+        site = web.TCPSite(self.runner, host, self.settings.webhook_port, ssl_context=self.context)
+        await site.start()
+        log.info("conversion webhook serving on %s:%s%s", host, self.settings.webhook_port, PATH)
+        await self.point()
+
+    async def maintain(self) -> None:
+        """Hourly: renew the certificates when due and keep the CRDs pointed here."""
+        while True:
+            await asyncio.sleep(CHECK_SECONDS)
+            try:
+                await self._load()
+                await self.point()
+            except (KubeError, CrdError, OSError) as exc:
+                log.warning("conversion webhook upkeep failed (retried in 1h): %s", exc)
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+
+
+def own_namespace(settings: Settings, kube: Kube) -> str:
+    return settings.namespace or kube.creds.namespace or "default"
+
+
+async def check_crds(kube: Kube, run: Callable[..., Awaitable[Any]]) -> None:
+    """Wait until the API server serves our kinds; CrdError when it serves them at an older
+    version only, or (where the CRDs may be read) without a conversion webhook."""
+    delay = 0.5
+    wanted = {k.plural for k in KINDS}
+    while True:
+        try:
+            served = await run(kube.request, "GET", f"/apis/{GROUP}/{VERSION}")
+            missing = wanted - {r.get("name") for r in (served or {}).get("resources", [])}
+            if not missing:
+                for name in crd_names():
+                    try:
+                        check_crd(await run(kube.request, "GET", f"{CRD_PATH}/{name}"), name)
+                    except KubeError as exc:
+                        if exc.status != 403:
+                            raise
+                        # No right to read CRDs (a webhook served elsewhere): discovery
+                        # has shown the version served, which is what this process needs.
+                return
+            old = await run(kube.request, "GET", f"/apis/{GROUP}/{conversion.V1ALPHA1}")
+            if wanted & {r.get("name") for r in (old or {}).get("resources", [])}:
+                name = f"{sorted(missing)[0]}.{GROUP}"
+                raise CrdError(
+                    f"CRD {name} does not serve {VERSION}: apply this release's CRDs first "
+                    "(kubectl apply --server-side -f crds/, or helm upgrade)"
+                )
+            log.warning("waiting for the CRDs of %s to be served", ", ".join(sorted(missing)))
+        except KubeError as exc:
+            log.warning("waiting for the API server: %s", exc)
+        except OSError as exc:
+            log.warning("waiting for the API server: %s", exc)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 5.0)
+
+
+async def serve(settings: Settings, kube: Kube, run: Callable[..., Awaitable[Any]]) -> Webhook:
+    """Check the CRDs, then start serving and point them here (see module doc)."""
+    await check_crds(kube, run)
+    hook = Webhook(settings, kube, run)
+    delay = 0.5
+    while True:
+        try:
+            await hook.start()
+            return hook
+        except (KubeError, OSError) as exc:
+            if isinstance(exc, KubeError) and exc.status in (401, 403):
+                raise CrdError(f"conversion webhook: {exc.message}") from None
+            await hook.stop()
+            log.warning("conversion webhook not started yet: %s", exc)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 10.0)

@@ -1,0 +1,200 @@
+"""The conversion webhook's CA and serving certificate, generated and renewed by the operator.
+
+Both live in one Secret in the operator's namespace (`ca.crt`, `ca.key`, `tls.crt`,
+`tls.key`), so that every replica serves the same certificate and the CRDs' caBundle names
+one CA. The serving certificate (one year) is renewed 30 days before it expires, signed by
+the same CA (ten years), so the caBundle does not change and no request fails over a
+renewal. Whichever replica finds the Secret missing or due writes it; a replica that loses
+that race (409) reads the winner's.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import ipaddress
+from dataclasses import dataclass
+from typing import Any
+
+from provisioner.kube import Kube, KubeError
+
+CA_VALIDITY = datetime.timedelta(days=3650)
+CERT_VALIDITY = datetime.timedelta(days=365)
+RENEW_BEFORE = datetime.timedelta(days=30)
+
+
+@dataclass(frozen=True)
+class Certificates:
+    ca_pem: bytes
+    ca_key_pem: bytes
+    cert_pem: bytes
+    key_pem: bytes
+
+    def to_data(self) -> dict[str, str]:
+        return {
+            "ca.crt": _b64(self.ca_pem),
+            "ca.key": _b64(self.ca_key_pem),
+            "tls.crt": _b64(self.cert_pem),
+            "tls.key": _b64(self.key_pem),
+        }
+
+    @classmethod
+    def from_secret(cls, secret: dict[str, Any]) -> Certificates | None:
+        data = secret.get("data") or {}
+        try:
+            return cls(
+                *(base64.b64decode(data[k]) for k in ("ca.crt", "ca.key", "tls.crt", "tls.key"))
+            )
+        except (KeyError, ValueError):
+            return None
+
+
+def _b64(value: bytes) -> str:
+    return base64.b64encode(value).decode()
+
+
+def dns_names(service: str) -> list[str]:
+    """The names the API server may use for `namespace/name` (empty: loopback only)."""
+    if not service:
+        return ["localhost"]
+    namespace, _, name = service.partition("/")
+    return [
+        name,
+        f"{name}.{namespace}",
+        f"{name}.{namespace}.svc",
+        f"{name}.{namespace}.svc.cluster.local",
+        "localhost",
+    ]
+
+
+def due(certs: Certificates, names: list[str], now: datetime.datetime | None = None) -> bool:
+    """Whether the serving certificate expires within RENEW_BEFORE or lacks a name."""
+    from cryptography import x509
+
+    now = now or datetime.datetime.now(datetime.UTC)
+    try:
+        cert = x509.load_pem_x509_certificate(certs.cert_pem)
+        ca = x509.load_pem_x509_certificate(certs.ca_pem)
+        have = set(
+            cert.extensions.get_extension_for_class(
+                x509.SubjectAlternativeName
+            ).value.get_values_for_type(x509.DNSName)
+        )
+    except (ValueError, x509.ExtensionNotFound):
+        return True
+    return (
+        cert.not_valid_after_utc - now < RENEW_BEFORE
+        or ca.not_valid_after_utc - now < RENEW_BEFORE
+        or not set(names) <= have
+    )
+
+
+def generate(names: list[str], ca: Certificates | None = None) -> Certificates:
+    """A serving certificate for `names` and 127.0.0.1/::1, signed by `ca`'s CA (a new CA
+    when None or when that CA expires within a year)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+
+    def pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+        return key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+
+    ca_cert = ca_key = None
+    if ca is not None:
+        try:
+            ca_cert = x509.load_pem_x509_certificate(ca.ca_pem)
+            loaded = serialization.load_pem_private_key(ca.ca_key_pem, None)
+            ca_key = loaded if isinstance(loaded, ec.EllipticCurvePrivateKey) else None
+        except ValueError:
+            ca_cert = ca_key = None
+        if ca_cert is not None and ca_cert.not_valid_after_utc - now < datetime.timedelta(days=365):
+            ca_cert = ca_key = None
+    if ca_cert is None or ca_key is None:
+        ca_key = ec.generate_private_key(ec.SECP256R1())
+        ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "provisioner-webhook-ca")])
+        ca_cert = (
+            x509.CertificateBuilder()
+            .subject_name(ca_name)
+            .issuer_name(ca_name)
+            .public_key(ca_key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + CA_VALIDITY)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .sign(ca_key, hashes.SHA256())
+        )
+    key = ec.generate_private_key(ec.SECP256R1())
+    alt: list[x509.GeneralName] = [x509.DNSName(n) for n in names]
+    alt += [x509.IPAddress(ipaddress.ip_address(a)) for a in ("127.0.0.1", "::1")]
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(min(now + CERT_VALIDITY, ca_cert.not_valid_after_utc))
+        .add_extension(x509.SubjectAlternativeName(alt), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    return Certificates(
+        ca_pem=ca_cert.public_bytes(serialization.Encoding.PEM),
+        ca_key_pem=pem_key(ca_key),
+        cert_pem=cert.public_bytes(serialization.Encoding.PEM),
+        key_pem=pem_key(key),
+    )
+
+
+def ensure(kube: Kube, namespace: str, secret_name: str, names: list[str]) -> Certificates:
+    """The certificates in the Secret, written first when missing or due (see module doc)."""
+    for _ in range(5):
+        secret = kube.get_secret(namespace, secret_name)
+        certs = Certificates.from_secret(secret) if secret is not None else None
+        if certs is not None and not due(certs, names):
+            return certs
+        fresh = generate(names, certs)
+        body: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "Opaque",
+            "metadata": {
+                "name": secret_name,
+                "namespace": namespace,
+                "labels": {"app.kubernetes.io/managed-by": "provisioner"},
+            },
+            "data": fresh.to_data(),
+        }
+        try:
+            if secret is None:
+                kube.create_secret(namespace, body)
+            else:
+                body["metadata"]["resourceVersion"] = secret["metadata"]["resourceVersion"]
+                kube.replace_secret(namespace, secret_name, body)
+        except KubeError as exc:
+            if exc.status in (409, 422):
+                continue  # another replica wrote it first: read theirs
+            raise
+        return fresh
+    raise RuntimeError(f"Secret {namespace}/{secret_name} keeps changing; cannot settle it")
