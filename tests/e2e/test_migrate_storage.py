@@ -166,12 +166,8 @@ def secret_name(kind: str, name: str) -> str:
 def upgraded(tmp_path: Path) -> Iterator[Upgraded]:
     """A cluster as the release before v1beta1 left it, then upgraded to this release's CRDs
     with the conversion webhook serving; nothing migrated yet."""
-    old_crds = tmp_path / "previous-crds"
-    old_crds.mkdir()
-    for doc in previous_release_crds():
-        (old_crds / f"{doc['metadata']['name']}.yaml").write_text(yaml.safe_dump(doc))
     # The webhook of this release refuses to start on CRDs without v1beta1: it starts after.
-    stack = Stack(dir=tmp_path / "stack", crd_dir=old_crds, serve_webhook=False)
+    stack = Stack(dir=tmp_path / "stack", serve_webhook=False)
     try:
         stack.start()
         yield upgrade(stack)
@@ -183,6 +179,11 @@ def upgraded(tmp_path: Path) -> Iterator[Upgraded]:
 
 def upgrade(stack: Stack) -> Upgraded:
     kube = Kubectl(stack.kubeconfig)
+    # The previous release's CRDs instead of the ones the stack applied (no object yet).
+    kube.kubectl("delete", "crd", *CRDS, timeout=120)
+    previous = yaml.safe_dump_all(previous_release_crds())
+    kube.kubectl("apply", "--server-side", "-f", "-", input=previous)
+    kube.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", *CRDS)
     namespace = f"migrate-{uuid.uuid4().hex[:8]}"
     kube.kubectl("create", "namespace", namespace)
     docs = [
