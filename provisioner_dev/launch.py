@@ -78,6 +78,8 @@ class Stack:
     # `provisioner webhook` as a process of its own (stopped by `stop()`); off: the operators
     # must serve the conversion webhook (--webhook=on), or v1alpha1 cannot be written.
     serve_webhook: bool = True
+    # The CRDs applied at start (another release's, to test an upgrade).
+    crd_dir: Path | None = None
 
     controlplane: ControlPlane = field(init=False)
     cloud: MotoServer | LocalStackServer = field(init=False)
@@ -159,7 +161,7 @@ class Stack:
             if self.existing is None:
                 self.controlplane.start()
             self.cloud.start()
-            install_crds(self.kubeconfig)
+            install_crds(self.kubeconfig, *([self.crd_dir] if self.crd_dir else []))
             if self.serve_webhook:
                 self.webhook = WebhookProcess(
                     log=(self.log_dir or self.dir) / "webhook.log",
@@ -202,6 +204,7 @@ class Stack:
         endpoint_url: str | None = None,
         timeout: float = 60.0,
         wait: bool = True,
+        package_dir: Path | None = None,
     ) -> OperatorProcess:
         """An operator process (stopped by `stop()`), as the admin unless told otherwise.
 
@@ -225,6 +228,7 @@ class Stack:
                 else ["--webhook=off"]
             ),
             extra_env=extra_env,
+            package_dir=package_dir,
         )
         self.operators.append(op)
         if wait:

@@ -142,9 +142,9 @@ def kubectl(kubeconfig: str | Path, *args: str, input: str | None = None) -> str
     return result.stdout
 
 
-def install_crds(kubeconfig: str | Path) -> None:
-    kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(CRD_DIR))
-    kubectl(kubeconfig, "wait", "--for=condition=Established", "--timeout=60s", "-f", str(CRD_DIR))
+def install_crds(kubeconfig: str | Path, crd_dir: Path = CRD_DIR) -> None:
+    kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(crd_dir))
+    kubectl(kubeconfig, "wait", "--for=condition=Established", "--timeout=60s", "-f", str(crd_dir))
 
 
 def crd_names() -> list[str]:
@@ -178,6 +178,12 @@ def cluster_server(kubeconfig: str | Path) -> str:
     return result.stdout.strip() if result.returncode == 0 else "?"
 
 
+_RUN_FROM = (
+    "import runpy, sys; sys.path.insert(0, {!r}); "
+    "runpy.run_module('provisioner', run_name='__main__', alter_sys=True)"
+)
+
+
 @dataclass(kw_only=True)
 class OperatorProcess(LoopbackService):
     """The operator run as a child process, the way a Deployment would run it.
@@ -189,17 +195,23 @@ class OperatorProcess(LoopbackService):
     endpoint_url: str
     extra_args: list[str] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
+    # Another copy of the operator's package to run (its parent directory), e.g. an older
+    # release checked out of git; None: this one.
+    package_dir: Path | None = None
 
     def start(self, timeout: float = 60.0) -> None:
         self.port = free_port()
         env = dict(os.environ, KUBECONFIG=self.kubeconfig, **aws_env(self.endpoint_url))
         env.update(self.extra_env)
         env.setdefault("PROVISIONER_CLUSTER_ID", DEV_CLUSTER_ID)
+        entry = ["-m", "provisioner"]
+        if self.package_dir is not None:
+            # First on sys.path, before the working directory `-m` would put there.
+            entry = ["-c", _RUN_FROM.format(str(self.package_dir))]
         self.launch(
             [
                 sys.executable,
-                "-m",
-                "provisioner",
+                *entry,
                 "run",
                 f"--liveness-port={self.port}",
                 *self.extra_args,

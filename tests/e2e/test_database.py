@@ -78,7 +78,7 @@ def test_database_lifecycle(kube, operator, aws, namespace):
         "dbi",
         namespace,
         "orders",
-        '{"spec":{"instanceClass":"db.t3.small","allocatedStorageGiB":50,"backupRetentionDays":3}}',
+        '{"spec":{"instanceClass":"db.t3.small","storage":{"sizeGiB":50},"backupRetentionDays":3}}',
     )
     wait_ready(kube, "dbi", namespace, "orders", generation=2)
     instance = describe(aws, identifier)
@@ -142,19 +142,20 @@ def test_deleted_secret_gets_a_new_password_the_cloud_accepts(kube, operator, aw
 
 def test_shrinking_storage_and_changing_engine_are_refused(kube, operator, namespace):
     apply(kube, namespace, db_manifest("fixed", storage=40))
-    shrink = kube.kubectl(
-        "patch",
-        "dbi",
-        "fixed",
-        "-n",
-        namespace,
-        "--type=merge",
-        "-p",
-        '{"spec":{"allocatedStorageGiB":30}}',
-        check=False,
-    )
-    assert shrink.returncode != 0
-    assert "spec.allocatedStorageGiB may grow but never shrink" in shrink.stderr
+    # kubectl's `dbi` is v1beta1 (the preferred version); both versions keep the rule.
+    for resource, patch, said in [
+        ("dbi", '{"spec":{"storage":{"sizeGiB":30}}}', "spec.storage.sizeGiB"),
+        (
+            "databaseinstances.v1alpha1.cloud.provisioner.dev",
+            '{"spec":{"allocatedStorageGiB":30}}',
+            "spec.allocatedStorageGiB",
+        ),
+    ]:
+        shrink = kube.kubectl(
+            "patch", resource, "fixed", "-n", namespace, "--type=merge", "-p", patch, check=False
+        )
+        assert shrink.returncode != 0
+        assert f"{said} may grow but never shrink" in shrink.stderr
     engine = kube.kubectl(
         "apply",
         "-n",
