@@ -2,8 +2,8 @@
 # base made from Debian's packages passed as BASE_IMAGE; see provisioner_dev/image.py).
 #
 # Three stages on the same pinned base: the builder installs the package and its pinned runtime
-# dependencies (constraints.txt; no dev extras, so no moto, pytest, ruff, kubernetes client or
-# cryptography) into a virtualenv; the rootfs stage adds that virtualenv and the operator's
+# dependencies (constraints.txt; no dev extras, so no moto, pytest, ruff or kubernetes client)
+# into a virtualenv; the rootfs stage adds that virtualenv and the operator's
 # user to the base and removes what the operator never runs; the image is that root
 # filesystem as one layer. It runs as uid 65532 on a read-only root filesystem (the chart
 # mounts an emptyDir at /tmp, which is also HOME).

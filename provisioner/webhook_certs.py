@@ -6,6 +6,11 @@ one CA. The serving certificate (one year) is renewed 30 days before it expires,
 the same CA (ten years), so the caBundle does not change and no request fails over a
 renewal. Whichever replica finds the Secret missing or due writes it; a replica that loses
 that race (409) reads the winner's.
+
+The operator never loads `cryptography` (about 11 MB of memory for a yearly task): the
+certificates are made by this module run as a short child process (`python -m
+provisioner.webhook_certs`, the CA in on stdin, the result out on stdout), and when they are
+due is read from the Secret's annotations.
 """
 
 from __future__ import annotations
@@ -13,14 +18,23 @@ from __future__ import annotations
 import base64
 import datetime
 import ipaddress
+import json
+import subprocess
+import sys
 from dataclasses import dataclass
 from typing import Any
 
+from provisioner import GROUP
 from provisioner.kube import Kube, KubeError
 
 CA_VALIDITY = datetime.timedelta(days=3650)
 CERT_VALIDITY = datetime.timedelta(days=365)
 RENEW_BEFORE = datetime.timedelta(days=30)
+
+
+NOT_AFTER = f"{GROUP}/webhook-cert-not-after"
+CA_NOT_AFTER = f"{GROUP}/webhook-ca-not-after"
+NAMES = f"{GROUP}/webhook-cert-names"
 
 
 @dataclass(frozen=True)
@@ -29,21 +43,65 @@ class Certificates:
     ca_key_pem: bytes
     cert_pem: bytes
     key_pem: bytes
+    # RFC 3339 times and the serving certificate's DNS names, kept beside them (annotations).
+    not_after: str = ""
+    ca_not_after: str = ""
+    names: tuple[str, ...] = ()
+
+    def annotations(self) -> dict[str, str]:
+        return {
+            NOT_AFTER: self.not_after,
+            CA_NOT_AFTER: self.ca_not_after,
+            NAMES: ",".join(self.names),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                **{k: v.decode() for k, v in self.pems().items()},
+                "not_after": self.not_after,
+                "ca_not_after": self.ca_not_after,
+                "names": list(self.names),
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Certificates:
+        found = json.loads(text)
+        return cls(
+            ca_pem=found["ca.crt"].encode(),
+            ca_key_pem=found["ca.key"].encode(),
+            cert_pem=found["tls.crt"].encode(),
+            key_pem=found["tls.key"].encode(),
+            not_after=found["not_after"],
+            ca_not_after=found["ca_not_after"],
+            names=tuple(found["names"]),
+        )
+
+    def pems(self) -> dict[str, bytes]:
+        return {
+            "ca.crt": self.ca_pem,
+            "ca.key": self.ca_key_pem,
+            "tls.crt": self.cert_pem,
+            "tls.key": self.key_pem,
+        }
 
     def to_data(self) -> dict[str, str]:
-        return {
-            "ca.crt": _b64(self.ca_pem),
-            "ca.key": _b64(self.ca_key_pem),
-            "tls.crt": _b64(self.cert_pem),
-            "tls.key": _b64(self.key_pem),
-        }
+        return {k: _b64(v) for k, v in self.pems().items()}
 
     @classmethod
     def from_secret(cls, secret: dict[str, Any]) -> Certificates | None:
         data = secret.get("data") or {}
+        notes = (secret.get("metadata") or {}).get("annotations") or {}
         try:
             return cls(
-                *(base64.b64decode(data[k]) for k in ("ca.crt", "ca.key", "tls.crt", "tls.key"))
+                ca_pem=base64.b64decode(data["ca.crt"]),
+                ca_key_pem=base64.b64decode(data["ca.key"]),
+                cert_pem=base64.b64decode(data["tls.crt"]),
+                key_pem=base64.b64decode(data["tls.key"]),
+                not_after=notes.get(NOT_AFTER, ""),
+                ca_not_after=notes.get(CA_NOT_AFTER, ""),
+                names=tuple(n for n in notes.get(NAMES, "").split(",") if n),
             )
         except (KeyError, ValueError):
             return None
@@ -68,25 +126,14 @@ def dns_names(service: str) -> list[str]:
 
 
 def due(certs: Certificates, names: list[str], now: datetime.datetime | None = None) -> bool:
-    """Whether the serving certificate expires within RENEW_BEFORE or lacks a name."""
-    from cryptography import x509
-
+    """Whether the serving certificate (or its CA) expires within RENEW_BEFORE, or lacks a
+    name; read from the annotations written with it (unreadable ones: due)."""
     now = now or datetime.datetime.now(datetime.UTC)
     try:
-        cert = x509.load_pem_x509_certificate(certs.cert_pem)
-        ca = x509.load_pem_x509_certificate(certs.ca_pem)
-        have = set(
-            cert.extensions.get_extension_for_class(
-                x509.SubjectAlternativeName
-            ).value.get_values_for_type(x509.DNSName)
-        )
-    except (ValueError, x509.ExtensionNotFound):
+        ends = [datetime.datetime.fromisoformat(t) for t in (certs.not_after, certs.ca_not_after)]
+    except ValueError:
         return True
-    return (
-        cert.not_valid_after_utc - now < RENEW_BEFORE
-        or ca.not_valid_after_utc - now < RENEW_BEFORE
-        or not set(names) <= have
-    )
+    return any(end - now < RENEW_BEFORE for end in ends) or not set(names) <= set(certs.names)
 
 
 def generate(names: list[str], ca: Certificates | None = None) -> Certificates:
@@ -164,7 +211,26 @@ def generate(names: list[str], ca: Certificates | None = None) -> Certificates:
         ca_key_pem=pem_key(ca_key),
         cert_pem=cert.public_bytes(serialization.Encoding.PEM),
         key_pem=pem_key(key),
+        not_after=cert.not_valid_after_utc.isoformat(),
+        ca_not_after=ca_cert.not_valid_after_utc.isoformat(),
+        names=tuple(names),
     )
+
+
+def generate_apart(names: list[str], ca: Certificates | None = None) -> Certificates:
+    """`generate` in a child process, so that this one never loads cryptography."""
+    done = subprocess.run(
+        [sys.executable, "-m", "provisioner.webhook_certs", *names],
+        input=ca.to_json() if ca is not None else "",
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"generating the webhook's certificates failed: {last}")
+    return Certificates.from_json(done.stdout)
 
 
 def ensure(kube: Kube, namespace: str, secret_name: str, names: list[str]) -> Certificates:
@@ -174,7 +240,7 @@ def ensure(kube: Kube, namespace: str, secret_name: str, names: list[str]) -> Ce
         certs = Certificates.from_secret(secret) if secret is not None else None
         if certs is not None and not due(certs, names):
             return certs
-        fresh = generate(names, certs)
+        fresh = generate_apart(names, certs)
         body: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "Secret",
@@ -183,6 +249,7 @@ def ensure(kube: Kube, namespace: str, secret_name: str, names: list[str]) -> Ce
                 "name": secret_name,
                 "namespace": namespace,
                 "labels": {"app.kubernetes.io/managed-by": "provisioner"},
+                "annotations": fresh.annotations(),
             },
             "data": fresh.to_data(),
         }
@@ -198,3 +265,14 @@ def ensure(kube: Kube, namespace: str, secret_name: str, names: list[str]) -> Ce
             raise
         return fresh
     raise RuntimeError(f"Secret {namespace}/{secret_name} keeps changing; cannot settle it")
+
+
+def main() -> None:
+    """Child process: names as arguments, a CA (JSON) or nothing on stdin; JSON out."""
+    given = sys.stdin.read()
+    ca = Certificates.from_json(given) if given.strip() else None
+    sys.stdout.write(generate(sys.argv[1:], ca).to_json())
+
+
+if __name__ == "__main__":
+    main()

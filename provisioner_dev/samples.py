@@ -1,6 +1,7 @@
 """One sample of every registered kind, for the demo, the tests, the benchmark and the soak.
 
-Each sample has a spec that goes Ready on moto, a spec change and how to see that change in
+Specs are spelled as v1beta1 (the version the tools write). Each sample has a spec that goes
+Ready on moto, a spec change and how to see that change in
 the cloud, and specs the API server refuses. A kind registered in `provisioner.kinds` without
 a sample here fails at import, so no tool silently leaves a new kind out.
 """
@@ -65,13 +66,13 @@ SAMPLES: dict[str, Sample] = {
     for s in (
         Sample(
             "DatabaseInstance",
-            {"engine": "postgres", "instanceClass": "db.t3.micro", "allocatedStorageGiB": 20},
+            {"engine": "postgres", "instanceClass": "db.t3.micro", "storage": {"sizeGiB": 20}},
             "backupRetentionDays",
             lambda i: 8 + i % 28,
             _db_shows,
             invalid=(
                 "{engine: oracle, instanceClass: db.t3.micro}",
-                "{engine: postgres, instanceClass: db.t3.micro, allocatedStorageGiB: 5}",
+                "{engine: postgres, instanceClass: db.t3.micro, storage: {sizeGiB: 5}}",
                 "{engine: postgres, instanceClass: huge}",
             ),
         ),

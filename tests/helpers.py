@@ -169,10 +169,10 @@ def _dev_cloud(endpoint_url: str) -> DevCloud:
     return DevCloud(endpoint_url)
 
 
-def manifests(kind_specs: list[tuple[str, str, str]]) -> str:
-    """Multi-document YAML from (kind, name, inline spec) triples."""
+def manifests(kind_specs: list[tuple[str, str, str]], version: str = "v1alpha1") -> str:
+    """Multi-document YAML from (kind, name, inline spec) triples, written at `version`."""
     return "".join(
-        f"---\napiVersion: cloud.provisioner.dev/v1alpha1\nkind: {kind}\n"
+        f"---\napiVersion: cloud.provisioner.dev/{version}\nkind: {kind}\n"
         f"metadata:\n  name: {name}\nspec: {spec}\n"
         for kind, name, spec in kind_specs
     )

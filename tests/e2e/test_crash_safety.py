@@ -58,9 +58,9 @@ def test_killed_right_after_the_create_call_converges_to_exactly_one(
     """SIGKILL right after the cloud's create call returned, before any status or Secret."""
     doomed = start_operator(env={"PROVISIONER_CRASHPOINTS": "after-create"})
     ordered = sorted(ONE_OF_EACH, key=lambda spec: spec[0] != first)
-    apply(kube, own_namespace, manifests(ordered[:1]))
+    apply(kube, own_namespace, manifests(ordered[:1], "v1beta1"))
     wait_killed(doomed)
-    apply(kube, own_namespace, manifests(ordered[1:]))
+    apply(kube, own_namespace, manifests(ordered[1:], "v1beta1"))
     start_operator()
     assert_one_each(kube, aws, own_namespace)
 
@@ -71,7 +71,7 @@ def test_killed_between_password_and_secret_repairs_the_secret(
     from tests.e2e.test_day2 import last_password_sent
 
     first = start_operator()
-    apply(kube, own_namespace, manifests(ONE_OF_EACH[:1]))
+    apply(kube, own_namespace, manifests(ONE_OF_EACH[:1], "v1beta1"))
     cr = wait_ready(kube, "dbi", own_namespace, "db")
     before = secret_data(kube, own_namespace, "db-connection")["password"]
     first.stop()
@@ -105,7 +105,7 @@ def test_killed_between_password_and_secret_repairs_the_secret(
 
 def test_killed_mid_deletion_finishes_and_leaves_nothing(kube, aws, own_namespace, start_operator):
     first = start_operator()
-    apply(kube, own_namespace, manifests(ONE_OF_EACH))
+    apply(kube, own_namespace, manifests(ONE_OF_EACH, "v1beta1"))
     uids = {
         name: wait_ready(kube, PLURAL[k], own_namespace, name)["metadata"]["uid"]
         for k, name, _ in ONE_OF_EACH
@@ -127,7 +127,7 @@ def test_converges_under_30_percent_cloud_faults(
     fault_proxy.configure(rate=0.3)
     start_operator(endpoint_url=fault_proxy.url)
     specs = [(kind, f"{name}-{i}", spec) for i in range(3) for kind, name, spec in ONE_OF_EACH]
-    apply(kube, own_namespace, manifests(specs))
+    apply(kube, own_namespace, manifests(specs, "v1beta1"))
     uids = {}
     for kind, name, _ in specs:
         cr = wait_ready(kube, PLURAL[kind], own_namespace, name, timeout=180)

@@ -5,7 +5,7 @@ default is an exactly pinned python 3.11 slim-bookworm tag (`make image` passes 
 one instead); the rootfs stage copies the builder's virtualenv and installs nothing itself; the
 image is that root filesystem alone (FROM scratch, one COPY); the builder installs the package
 without extras against constraints.txt, and the dependency closure of that install (read from
-the installed distributions' metadata) holds no dev tool, Kubernetes client or cryptography.
+the installed distributions' metadata) holds no dev tool or Kubernetes client.
 The final user is numeric and not root, the entrypoint is `provisioner run`, and the image
 works on a read-only root filesystem (no bytecode writes, HOME on the /tmp emptyDir).
 """
@@ -22,8 +22,8 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
 DEV_TOOLS = {"moto", "pytest", "pytest-timeout", "ruff"}
-# The dev harness's; the operator imports neither (pyproject's import contract).
-NOT_IN_IMAGE = {"kubernetes", "cryptography"}
+# The dev harness's; the operator never imports it (pyproject's import contract).
+NOT_IN_IMAGE = {"kubernetes"}
 PINNED_BASE = re.compile(r"^python:3\.11\.\d+-slim-bookworm(@sha256:[0-9a-f]{64})?$")
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import datetime
+import subprocess
+import sys
 
 import pytest
 
@@ -39,7 +41,9 @@ def test_a_new_name_makes_the_certificate_due():
 
 def test_secret_round_trip():
     certs = webhook_certs.generate(NAMES)
-    assert webhook_certs.Certificates.from_secret({"data": certs.to_data()}) == certs
+    secret = {"data": certs.to_data(), "metadata": {"annotations": certs.annotations()}}
+    assert webhook_certs.Certificates.from_secret(secret) == certs
+    assert webhook_certs.Certificates.from_json(certs.to_json()) == certs
     assert webhook_certs.Certificates.from_secret({"data": {"tls.crt": "x"}}) is None
 
 
@@ -78,3 +82,17 @@ def test_client_config_service_in_a_cluster_loopback_outside():
     assert base64.b64decode(inside["caBundle"]) == ca
     outside = webhook.client_config(Settings(webhook_port=19443), ca)
     assert outside["url"] == "https://127.0.0.1:19443/convert" and "service" not in outside
+
+
+def test_the_operator_never_loads_cryptography():
+    """Certificates are made in a child process; due-ness is read from annotations."""
+    script = (
+        "import sys; from provisioner import webhook, webhook_certs as w; "
+        "c = w.generate_apart(['svc']); assert not w.due(c, ['svc']); "
+        "r = w.generate_apart(['svc'], c); assert r.ca_pem == c.ca_pem; "
+        "print(sorted(m for m in sys.modules if m.startswith('cryptography')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert done.stdout.strip() == "[]", done.stdout
