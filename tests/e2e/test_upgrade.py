@@ -183,6 +183,21 @@ def test_upgrade_keeps_everything_ready_with_no_cloud_change(stack: Stack, previ
     old.stop()
     settled = len(requests(stack))
 
+    # This release's operator refuses the previous CRDs, in one line, before doing anything.
+    refused = subprocess.run(
+        [sys.executable, "-m", "provisioner", "run", "--webhook=off"],
+        env={"KUBECONFIG": str(stack.kubeconfig), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert refused.returncode == 2, refused.stderr
+    last = refused.stderr.strip().splitlines()[-1]
+    assert last.startswith("provisioner: CRD ") and "does not serve v1beta1" in last, last
+    assert "kubectl apply --server-side" in last
+    print(f"\nthis release's operator on the previous CRDs: {last}")
+
     # 2. This release's CRDs (server-side apply takes over the fields kubectl set before).
     done = kube.kubectl(
         "apply", "--server-side", "--force-conflicts", "-f", str(REPO_ROOT / "crds")
@@ -308,7 +323,12 @@ spec: {{visibilityTimeoutSeconds: 60, connectionSecret: {{name: late-beta-q}}}}
     assert gone.returncode != 0
     assert secrets(kube).keys() == after.keys()
     # Nothing of before was written in the cloud through the whole upgrade.
-    assert_untouched(requests(stack)[settled:])
+    during = requests(stack)[settled:]
+    assert_untouched(during)
+    print(
+        f"AWS calls from the previous operator's stop to the end: {len(during)}, "
+        f"of them writes: {writes(during)} (the two queues created after the upgrade)"
+    )
 
 
 def assert_untouched(entries: list[dict]) -> None:
