@@ -1,4 +1,4 @@
-"""Command line: `provisioner run`, `provisioner leaks`, and `provisioner dev ...`.
+"""Command line: `provisioner run`, `leaks`, `webhook`, `migrate-storage` and `dev ...`.
 
 The `dev` commands (a local control plane, moto and the operator) live in the separate
 `provisioner_dev` package, which is never part of the operator's image: they are looked up
