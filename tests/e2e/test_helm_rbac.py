@@ -1,8 +1,9 @@
 """The Helm chart against the real control plane: lint, render, install, and least privilege.
 
-Two releases are installed (with --skip-crds: the session already applied crds/, and helm
-refuses to adopt CRDs it does not own; the chart's CRDs are checked with a server-side dry
-run instead):
+Two releases are installed without CRDs (crds.install=false and --skip-crds: the session
+already applied crds/ and kopf's peering CRDs, helm refuses to adopt CRDs it does not own, and
+the session's conversion webhook must stay the one the CRDs point at; the chart's CRDs are
+checked with a server-side dry run instead):
 
 - `cluster_wide`: the default values (two replicas, so kopf peering), a ClusterRole;
 - `namespaced`: watchNamespaces = [own-xxxx], a Role in own-xxxx only.
@@ -34,9 +35,20 @@ import pytest
 import yaml
 
 from provisioner.kinds import KINDS as REGISTERED
-from provisioner_dev.binaries import cached_helm, ensure_helm
+from provisioner_dev.binaries import cached_helm, ensure_binaries, ensure_helm
+from provisioner_dev.controlplane import ControlPlane
 from provisioner_dev.stack import OperatorProcess
-from tests.helpers import apply, events, get, secret_data, wait_for, wait_gone, wait_ready
+from tests.conftest import needs_own_controlplane
+from tests.helpers import (
+    Kubectl,
+    apply,
+    events,
+    get,
+    secret_data,
+    wait_for,
+    wait_gone,
+    wait_ready,
+)
 
 # The first test builds helm when it is not cached yet (a few minutes on 2 cores): give that
 # test room; with helm cached, the suite's usual 300 s applies.
@@ -50,6 +62,8 @@ CHART = ROOT / "deploy" / "helm" / "provisioner"
 GROUP = "cloud.provisioner.dev"
 KINDS = tuple(k.plural for k in REGISTERED)
 PEERING = "provisioner"
+# The CRDs whose conversion webhook the operator keeps pointed at itself.
+CONVERTED_CRDS = tuple(f"{kind}.{GROUP}" for kind in KINDS)
 
 
 class Helm:
@@ -86,6 +100,10 @@ class Release:
     token: str
     watched: str | None = None  # the one watched namespace, for the namespaced release
 
+    @property
+    def webhook_secret(self) -> str:
+        return f"{self.name}-provisioner-webhook-tls"
+
 
 def suffix() -> str:
     return uuid.uuid4().hex[:8]
@@ -98,7 +116,7 @@ def helm(cluster) -> Helm:
 
 def install(kube, helm: Helm, name: str, namespace: str, *sets: str) -> Release:
     args = ["install", name, str(CHART), "--namespace", namespace, "--create-namespace"]
-    args += ["--skip-crds", "--set", "aws.region=us-east-1"]
+    args += ["--skip-crds", "--set", "crds.install=false", "--set", "aws.region=us-east-1"]
     for s in sets:
         args += ["--set", s]
     helm(*args)
@@ -200,6 +218,21 @@ def granted(kube, release: Release, baseline: str, namespace: str) -> set[tuple[
     return mine - nobody
 
 
+# The conversion webhook: every operator reads and patches its own CRDs (by name), and keeps
+# its certificate in one Secret of its own namespace (by name; `create` cannot be limited so).
+CRD_RULES = {
+    ("customresourcedefinitions.apiextensions.k8s.io", name, verb)
+    for name in CONVERTED_CRDS
+    for verb in ("get", "patch")
+}
+
+
+def webhook_secret_rules(release: Release) -> set[tuple[str, str, str]]:
+    return {("secrets", release.webhook_secret, v) for v in ("get", "update")} | {
+        ("secrets", "", "create")
+    }
+
+
 # CloudAccounts and namespaces are cluster-scoped: every operator reads them (which account a
 # namespace may use); only a cluster-wide one keeps CloudAccounts' finalizer and status.
 ACCOUNT_READS = {(f"cloudaccounts.{GROUP}", "", v) for v in ("get", "list", "watch")} | {
@@ -247,9 +280,26 @@ def test_template_renders_and_the_crds_are_accepted_by_the_apiserver(kube, helm,
         [f"{k}.{GROUP}" for k in (*KINDS, "cloudaccounts")]
         + ["clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"]
     )
+    # Created (dry run) under a group of their own: the session's CRDs stay as they are, with
+    # their conversion pointed at the session's webhook (an apply over them would add the
+    # chart's Service beside the webhook's URL).
+    group = f"dry-{suffix()}.example.dev"
+    for crd in crds:
+        crd["spec"]["group"] = group
+        crd["metadata"]["name"] = f"{crd['spec']['names']['plural']}.{group}"
     path = tmp_path / "crds.yaml"
     path.write_text(yaml.safe_dump_all(crds))
-    kube.kubectl("apply", "--server-side", "--force-conflicts", "--dry-run=server", "-f", str(path))
+    kube.kubectl("create", "--dry-run=server", "-f", str(path))
+    converted = [d for d in crds if "conversion" in d["spec"]]
+    assert sorted(d["spec"]["names"]["plural"] for d in converted) == sorted(KINDS)
+    for crd in converted:
+        assert crd["spec"]["conversion"]["webhook"]["clientConfig"]["service"] == {
+            "namespace": "provisioner-system",
+            "name": "provisioner-webhook",
+            "port": 9443,
+            "path": "/convert",
+        }
+        assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
     assert {d["kind"] for d in docs} >= {"ServiceAccount", "ClusterRole", "Deployment", "Service"}
 
 
@@ -265,17 +315,24 @@ def test_cluster_wide_install_creates_its_objects(kube, cluster_wide):
     assert spec["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
     kube.kubectl("get", "serviceaccount", cluster_wide.service_account, "-n", ns)
     kube.kubectl("get", "service", f"{full}-metrics", "-n", ns)
+    kube.kubectl("get", "service", f"{full}-webhook", "-n", ns)
     kube.kubectl("get", "clusterrole", full)
+    kube.kubectl("get", "clusterrole", f"{full}-crds")
     kube.kubectl("get", "poddisruptionbudget", full, "-n", ns)
     kube.kubectl("get", "clusterkopfpeering.kopf.dev", PEERING)
     binding = json.loads(kube.kubectl("get", "clusterrolebinding", full, "-o", "json").stdout)
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": cluster_wide.service_account, "namespace": ns}
     ]
+    # Namespaced RBAC: only the webhook's Secret, in the release namespace.
     roles = kube.kubectl(
-        "get", "roles,rolebindings", "-A", "-l", f"app.kubernetes.io/instance={name}"
-    )
-    assert "No resources found" in roles.stderr or not roles.stdout.strip()
+        "get", "roles,rolebindings", "-A", "-l", f"app.kubernetes.io/instance={name}", "-o",
+        "jsonpath={range .items[*]}{.kind} {.metadata.namespace}/{.metadata.name}{'\\n'}{end}",
+    )  # fmt: skip
+    assert sorted(roles.stdout.split("\n")[:-1]) == [
+        f"Role {ns}/{full}-webhook",
+        f"RoleBinding {ns}/{full}-webhook",
+    ]
 
 
 def test_namespaced_install_creates_only_namespaced_rbac(kube, namespaced):
@@ -293,14 +350,18 @@ def test_namespaced_install_creates_only_namespaced_rbac(kube, namespaced):
         }
     ]
     kube.kubectl("get", "kopfpeering.kopf.dev", PEERING, "-n", own)
-    # Cluster-wide: only reading CloudAccounts and namespaces (bound), the account-admin
-    # role for platform admins and the roles aggregated into view and edit (bound to nobody).
+    # Cluster-wide: only its CRDs (by name) and reading CloudAccounts and namespaces (bound),
+    # the account-admin role for platform admins and the roles aggregated into view and edit
+    # (bound to nobody).
     selector = f"app.kubernetes.io/instance={name}"
     cluster_scoped = kube.kubectl(
         "get", "clusterroles,clusterrolebindings", "-l", selector, "-o", "name"
     ).stdout.split()
     assert sorted(cluster_scoped) == sorted(
         [
+            # its own CRDs' conversion webhook, by name
+            f"clusterrole.rbac.authorization.k8s.io/{full}-crds",
+            f"clusterrolebinding.rbac.authorization.k8s.io/{full}-crds",
             f"clusterrole.rbac.authorization.k8s.io/{full}-accounts",
             f"clusterrole.rbac.authorization.k8s.io/{full}-account-admin",
             f"clusterrolebinding.rbac.authorization.k8s.io/{full}-accounts",
@@ -315,9 +376,12 @@ def test_namespaced_install_creates_only_namespaced_rbac(kube, namespaced):
 
 
 def test_cluster_wide_token_has_exactly_the_operator_rules(kube, cluster_wide, baseline, namespace):
-    expected = operator_rules("clusterkopfpeerings") | ACCOUNT_READS | ACCOUNT_WRITES
+    expected = operator_rules("clusterkopfpeerings") | ACCOUNT_READS | ACCOUNT_WRITES | CRD_RULES
     assert granted(kube, cluster_wide, baseline, namespace) == expected
     assert granted(kube, cluster_wide, baseline, "kube-system") == expected
+    assert granted(kube, cluster_wide, baseline, cluster_wide.namespace) == (
+        expected | webhook_secret_rules(cluster_wide)
+    )
 
 
 def test_cluster_wide_token_can_do_what_the_operator_does(kube, cluster_wide, namespace):
@@ -335,6 +399,9 @@ def test_cluster_wide_token_can_do_what_the_operator_does(kube, cluster_wide, na
     assert can(kube, r, "create", "events", *ns)
     assert can(kube, r, "list", "clusterkopfpeerings.kopf.dev")
     assert can(kube, r, "patch", f"clusterkopfpeerings.kopf.dev/{PEERING}")
+    for crd in CONVERTED_CRDS:
+        for verb in ("get", "patch"):
+            assert can(kube, r, verb, f"customresourcedefinitions.apiextensions.k8s.io/{crd}")
 
 
 def test_cluster_wide_token_cannot_do_anything_else(kube, cluster_wide, namespace):
@@ -363,6 +430,16 @@ def test_cluster_wide_token_cannot_do_anything_else(kube, cluster_wide, namespac
         ("update", "customresourcedefinitions.apiextensions.k8s.io"),
         ("patch", "customresourcedefinitions.apiextensions.k8s.io"),
         ("delete", "customresourcedefinitions.apiextensions.k8s.io"),
+        ("list", "customresourcedefinitions.apiextensions.k8s.io"),
+        ("patch", f"customresourcedefinitions.apiextensions.k8s.io/cloudaccounts.{GROUP}"),
+        ("patch", "customresourcedefinitions.apiextensions.k8s.io/clusterkopfpeerings.kopf.dev"),
+        ("update", f"customresourcedefinitions.apiextensions.k8s.io/queues.{GROUP}"),
+        ("delete", f"customresourcedefinitions.apiextensions.k8s.io/queues.{GROUP}"),
+        (
+            "patch",
+            f"customresourcedefinitions.apiextensions.k8s.io/queues.{GROUP}",
+            "--subresource=status",
+        ),
         ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
         ("escalate", "clusterroles.rbac.authorization.k8s.io"),
         ("bind", "clusterroles.rbac.authorization.k8s.io"),
@@ -380,11 +457,14 @@ def test_namespaced_token_has_exactly_the_operator_rules_in_its_namespace_only(
     kube, namespaced, baseline, namespace
 ):
     own = namespaced.watched
-    assert (
-        granted(kube, namespaced, baseline, own) == operator_rules("kopfpeerings") | ACCOUNT_READS
+    cluster_wide = ACCOUNT_READS | CRD_RULES
+    assert granted(kube, namespaced, baseline, own) == operator_rules("kopfpeerings") | cluster_wide
+    for elsewhere in (namespace, "kube-system", "default"):
+        assert granted(kube, namespaced, baseline, elsewhere) == cluster_wide, elsewhere
+    # Its own namespace: the webhook's Secret.
+    assert granted(kube, namespaced, baseline, namespaced.namespace) == (
+        cluster_wide | webhook_secret_rules(namespaced)
     )
-    for elsewhere in (namespace, "kube-system", "default", namespaced.namespace):
-        assert granted(kube, namespaced, baseline, elsewhere) == ACCOUNT_READS, elsewhere
 
 
 def test_namespaced_token_cannot_reach_outside_its_namespace(kube, namespaced, namespace):
@@ -392,10 +472,22 @@ def test_namespaced_token_cannot_reach_outside_its_namespace(kube, namespaced, n
     for verb in ("get", "create", "update", "delete"):
         assert can(kube, r, verb, "secrets", *own)
     assert can(kube, r, "patch", f"kopfpeerings.kopf.dev/{PEERING}", *own)
+    home = ["-n", namespaced.namespace]
+    for verb in ("get", "update"):
+        assert can(kube, r, verb, f"secrets/{namespaced.webhook_secret}", *home)
+    assert can(kube, r, "create", "secrets", *home)
+    for crd in CONVERTED_CRDS:
+        assert can(kube, r, "patch", f"customresourcedefinitions.apiextensions.k8s.io/{crd}")
     denied = [
         ("get", "secrets", "-n", "kube-system"),
         ("get", "secrets", "-n", namespace),
         ("get", "secrets", "-n", namespaced.namespace),
+        ("get", "secrets/aws", "-n", namespaced.namespace),
+        ("delete", f"secrets/{namespaced.webhook_secret}", "-n", namespaced.namespace),
+        ("patch", f"secrets/{namespaced.webhook_secret}", "-n", namespaced.namespace),
+        ("list", "secrets", "-n", namespaced.namespace),
+        ("create", "secrets", "-n", namespace),
+        ("get", f"secrets/{namespaced.webhook_secret}", "-n", namespace),
         ("list", "secrets", "--all-namespaces"),
         ("list", "secrets", *own),
         ("list", f"s3buckets.{GROUP}", "--all-namespaces"),
@@ -410,10 +502,44 @@ def test_namespaced_token_cannot_reach_outside_its_namespace(kube, namespaced, n
         ("patch", f"cloudaccounts.{GROUP}"),
         ("patch", f"cloudaccounts.{GROUP}", "--subresource=status"),
         ("delete", "customresourcedefinitions.apiextensions.k8s.io"),
+        ("patch", f"customresourcedefinitions.apiextensions.k8s.io/cloudaccounts.{GROUP}"),
         ("create", "rolebindings.rbac.authorization.k8s.io", *own),
     ]
     allowed = [args for args in denied if can(kube, r, *args)]
     assert not allowed, f"the namespaced token may also: {allowed}"
+
+
+def test_webhook_permissions_hold_for_real(kube, namespaced):
+    """What the conversion webhook does, as the namespaced release's token: make, read and
+    renew its Secret; read and patch (a server-side dry run: the session's CRDs stay pointed
+    at the session's webhook) its CRDs. And nothing next to it."""
+    token, home, name = namespaced.token, namespaced.namespace, namespaced.webhook_secret
+
+    def as_release(*args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
+        return kube.kubectl_as(token, *args, input=input)
+
+    made = as_release("create", "secret", "generic", name, "-n", home, "--from-literal=tls.crt=1")
+    assert made.returncode == 0, made.stderr
+    try:
+        got = as_release("get", "secret", name, "-n", home, "-o", "json")
+        assert got.returncode == 0, got.stderr
+        secret = json.loads(got.stdout)
+        secret["data"]["tls.crt"] = "Mg=="
+        renewed = as_release("replace", "-f", "-", input=json.dumps(secret))
+        assert renewed.returncode == 0, renewed.stderr
+        refused = as_release("delete", "secret", name, "-n", home)
+        assert refused.returncode != 0 and "forbidden" in refused.stderr, refused.stderr
+    finally:
+        kube.kubectl("delete", "secret", name, "-n", home, "--ignore-not-found")
+    patch = json.dumps({"metadata": {"annotations": {f"{GROUP}/check": "rbac"}}})
+    for crd in CONVERTED_CRDS:
+        assert as_release("get", "crd", crd, "-o", "name").returncode == 0, crd
+        patched = as_release("patch", "crd", crd, "--type=merge", "-p", patch, "--dry-run=server")
+        assert patched.returncode == 0, patched.stderr
+    other = as_release(
+        "patch", "crd", f"cloudaccounts.{GROUP}", "--type=merge", "-p", patch, "--dry-run=server"
+    )
+    assert other.returncode != 0 and "forbidden" in other.stderr, other.stderr
 
 
 # The operator itself, as the ServiceAccount -----------------------------------------------------
@@ -436,24 +562,31 @@ def test_operator_runs_on_the_chart_permissions_alone(kube, aws, namespaced):
         endpoint_url=kube.moto.url,
         log=log,
         # What the chart's Deployment passes with two replicas (namespaces, cluster id and
-        # peering as the chart sets them), with the test suite's short resync.
+        # peering as the chart sets them), with the test suite's short resync. Its conversion
+        # webhook stays off: it would point the session's CRDs at itself (its permissions
+        # are checked in test_webhook_permissions_hold_for_real); it still checks the CRDs.
         extra_args=[f"--namespace={own}", f"--peering={PEERING}", "--resync-seconds=4"],
-        extra_env={"PROVISIONER_CLUSTER_ID": own, "POD_ID": identity},
+        extra_env={
+            "PROVISIONER_CLUSTER_ID": own,
+            "POD_ID": identity,
+            "PROVISIONER_NAMESPACE": namespaced.namespace,
+            "PROVISIONER_WEBHOOK": "off",
+        },
     )
     op.start()
     try:
         apply(
             kube,
             own,
-            "apiVersion: cloud.provisioner.dev/v1alpha1\nkind: S3Bucket\n"
+            "apiVersion: cloud.provisioner.dev/v1beta1\nkind: S3Bucket\n"
             "metadata:\n  name: files\nspec: {}\n"
-            "---\napiVersion: cloud.provisioner.dev/v1alpha1\nkind: Queue\n"
+            "---\napiVersion: cloud.provisioner.dev/v1beta1\nkind: Queue\n"
             "metadata:\n  name: dlq\nspec: {}\n"
-            "---\napiVersion: cloud.provisioner.dev/v1alpha1\nkind: Queue\n"
+            "---\napiVersion: cloud.provisioner.dev/v1beta1\nkind: Queue\n"
             "metadata:\n  name: jobs\nspec:\n  deadLetter: {queueRef: {name: dlq}}\n"
-            "---\napiVersion: cloud.provisioner.dev/v1alpha1\nkind: DatabaseInstance\n"
+            "---\napiVersion: cloud.provisioner.dev/v1beta1\nkind: DatabaseInstance\n"
             "metadata:\n  name: db\nspec:\n  engine: postgres\n  instanceClass: db.t3.micro\n"
-            "  allocatedStorageGiB: 20\n  deletionPolicy: Delete\n",
+            "  storage: {sizeGiB: 20}\n  deletionPolicy: Delete\n",
         )
         bucket = wait_ready(kube, "s3bucket", own, "files", timeout=90)
         wait_ready(kube, "queue", own, "dlq", timeout=90)
@@ -543,3 +676,76 @@ def test_access_irsa_adds_only_get_and_patch_on_serviceaccounts(helm):
     missing = helm("template", "r", str(CHART), "--set", "access.mode=irsa", check=False)
     assert missing.returncode != 0
     assert "access.oidcIssuer" in missing.stderr
+
+
+# The CRDs as part of the release ------------------------------------------------------------
+
+
+@pytest.fixture
+def bare_cluster(tmp_path) -> Iterator[Kubectl]:
+    """A control plane of the test's own without any CRD (the shared one's must stay as they
+    are: pointed at the session's webhook)."""
+    if needs_own_controlplane.args[0]:
+        pytest.skip(needs_own_controlplane.kwargs["reason"])
+    cp = ControlPlane(tmp_path / "controlplane", ensure_binaries())
+    try:
+        cp.start()
+        yield Kubectl(cp.kubeconfig)
+    finally:
+        cp.stop()
+
+
+def test_the_release_installs_keeps_and_hands_over_its_crds(bare_cluster, tmp_path):
+    """- a cluster without any CRD: `helm install` with the default values (two replicas, so
+      a ClusterKopfPeering) works: kopf's peering CRDs come first, from Helm's crds/;
+    - `helm upgrade` and `helm uninstall` leave them (helm.sh/resource-policy: keep);
+    - CRDs that another release (or kubectl, or the chart's crds/ directory before the CRDs
+      became templates) put there are not adopted by `helm install`, but with
+      `--take-ownership`, and then point at the new release's webhook.
+    """
+    kube = bare_cluster
+    helm = Helm(ensure_helm(), kube.kubeconfig, tmp_path / "helm")
+    names = [*CONVERTED_CRDS, f"cloudaccounts.{GROUP}"]
+
+    def crd(name: str) -> dict:
+        return kube.json("get", "crd", name)
+
+    def install(release: str, ns: str, *flags: str, check: bool = True):
+        args = ["install", release, str(CHART), "-n", ns, "--create-namespace", *flags]
+        return helm(*args, "--set", "aws.region=us-east-1", check=check)
+
+    install("first", "first-system")
+    kube.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", *names)
+    kube.kubectl("get", "clusterkopfpeering.kopf.dev", PEERING)
+    for name in CONVERTED_CRDS:
+        got = crd(name)
+        assert got["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+        assert [v["name"] for v in got["spec"]["versions"] if v["storage"]] == ["v1beta1"]
+        assert got["spec"]["conversion"]["webhook"]["clientConfig"]["service"] == {
+            "namespace": "first-system",
+            "name": "first-provisioner-webhook",
+            "port": 9443,
+            "path": "/convert",
+        }
+    helm("upgrade", "first", str(CHART), "-n", "first-system", "--reuse-values",
+         "--set", "replicas=1")  # fmt: skip
+    helm("uninstall", "first", "-n", "first-system")
+    assert crd(f"queues.{GROUP}")["metadata"]["annotations"]["meta.helm.sh/release-name"] == (
+        "first"
+    )
+    for name in names:
+        crd(name)
+
+    refused = install("second", "second-system", check=False)
+    assert refused.returncode != 0
+    assert "exists and cannot be imported into the current release" in refused.stderr
+    install("second", "second-system", "--take-ownership")
+    for name in CONVERTED_CRDS:
+        got = crd(name)
+        assert got["metadata"]["annotations"]["meta.helm.sh/release-name"] == "second"
+        service = got["spec"]["conversion"]["webhook"]["clientConfig"]["service"]
+        assert (service["namespace"], service["name"]) == (
+            "second-system",
+            "second-provisioner-webhook",
+        )
+    kube.kubectl("get", "service", "second-provisioner-webhook", "-n", "second-system")

@@ -1,5 +1,6 @@
-"""The Helm chart's files: CRD copies, kopf's peering CRDs, the rendered plain manifests, and
-what the chart renders for the values that change its RBAC.
+"""The Helm chart's files: CRD copies (files/crds/, rendered by templates/crds.yaml), kopf's
+peering CRDs (Helm's crds/), the rendered plain manifests, and what the chart renders for the
+values that change its RBAC.
 
 The rendering tests need the helm binary; they use the cached one and are skipped when it has
 not been built (`python -c 'from provisioner_dev.binaries import ensure_helm; ensure_helm()'`,
@@ -23,17 +24,23 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "provisioner"
 RENDERED = ROOT / "deploy" / "manifests" / "provisioner.yaml"
 KOPF_PEERING = CHART / "crds" / "kopf-peering.yaml"
+CHART_CRDS = CHART / "files" / "crds"
+GROUP = "cloud.provisioner.dev"
 
 
 def test_chart_crds_are_byte_identical_copies_of_crds():
     sources = sorted(p.name for p in (ROOT / "crds").glob("*.yaml"))
     assert sources, "crds/ is empty"
-    copies = sorted(p.name for p in (CHART / "crds").glob("*.yaml"))
-    assert copies == sorted([*sources, KOPF_PEERING.name]), "run deploy/sync-crds.sh"
+    copies = sorted(p.name for p in CHART_CRDS.glob("*.yaml"))
+    assert copies == sources, "run deploy/sync-crds.sh"
     for name in sources:
-        assert (CHART / "crds" / name).read_bytes() == (ROOT / "crds" / name).read_bytes(), (
-            f"deploy/helm/provisioner/crds/{name} differs from crds/{name}: run deploy/sync-crds.sh"
+        assert (CHART_CRDS / name).read_bytes() == (ROOT / "crds" / name).read_bytes(), (
+            f"deploy/helm/provisioner/files/crds/{name} differs from crds/{name}: "
+            "run deploy/sync-crds.sh"
         )
+    # Helm's crds/ directory holds kopf's peering CRDs only: Helm installs it before the
+    # templates (the peering objects need them) and never upgrades it.
+    assert sorted(p.name for p in (CHART / "crds").iterdir()) == [KOPF_PEERING.name]
 
 
 def test_kopf_peering_crds_are_the_ones_kopf_uses():
@@ -144,22 +151,37 @@ def test_no_wildcards_anywhere_in_rbac(helm, sets):
             assert not any("*" in value for value in rule.get(key, [])), rule
 
 
+# What every release has, whatever the mode: the CRDs, the conversion webhook's Service, its
+# Secret's Role (release namespace) and the ClusterRole on the CRDs, the Deployment.
+COMMON = [
+    *[("CustomResourceDefinition", None)] * 5,
+    ("ClusterRole", None),  # get/patch of the four converted CRDs, by name
+    ("ClusterRoleBinding", None),
+    ("Deployment", "ops"),
+    ("Role", "ops"),  # the webhook's Secret
+    ("RoleBinding", "ops"),
+    ("Service", "ops"),  # the webhook
+    ("ServiceAccount", "ops"),
+]
+
+
 def test_cluster_wide_mode(helm):
     docs = render(helm)
-    assert kinds(docs) == [
-        ("ClusterKopfPeering", None),
-        ("ClusterRole", None),
-        ("ClusterRole", None),
-        ("ClusterRole", None),
-        ("ClusterRole", None),  # aggregated into view, edit and admin: bound to nobody here
-        ("ClusterRole", None),
-        ("ClusterRoleBinding", None),
-        ("ClusterRoleBinding", None),
-        ("Deployment", "ops"),
-        ("PodDisruptionBudget", "ops"),
-        ("Service", "ops"),
-        ("ServiceAccount", "ops"),
-    ]
+    assert kinds(docs) == sorted(
+        [
+            *COMMON,
+            ("ClusterKopfPeering", None),
+            ("ClusterRole", None),  # the operator's
+            ("ClusterRole", None),  # CloudAccounts
+            ("ClusterRole", None),  # account admins: bound to nobody here
+            ("ClusterRole", None),  # aggregated into view, edit and admin: bound to nobody here
+            ("ClusterRole", None),
+            ("ClusterRoleBinding", None),
+            ("ClusterRoleBinding", None),
+            ("PodDisruptionBudget", "ops"),
+            ("Service", "ops"),  # metrics
+        ]
+    )
     (binding,) = [
         d
         for d in docs
@@ -173,22 +195,26 @@ def test_cluster_wide_mode(helm):
     assert "PROVISIONER_NAMESPACES" not in env
 
 
-def test_namespaced_mode_has_no_cluster_wide_permission(helm):
+def test_namespaced_mode_has_no_cluster_wide_permission_but_its_crds(helm):
     docs = render(
         helm, "watchNamespaces={team-a,team-b}", "accounts.enabled=false", "aggregatedRoles=false"
     )
-    assert kinds(docs) == [
-        ("Deployment", "ops"),
-        ("KopfPeering", "team-a"),
-        ("KopfPeering", "team-b"),
-        ("PodDisruptionBudget", "ops"),
-        ("Role", "team-a"),
-        ("Role", "team-b"),
-        ("RoleBinding", "team-a"),
-        ("RoleBinding", "team-b"),
-        ("Service", "ops"),
-        ("ServiceAccount", "ops"),
-    ]
+    assert kinds(docs) == sorted(
+        [
+            *COMMON,
+            ("KopfPeering", "team-a"),
+            ("KopfPeering", "team-b"),
+            ("PodDisruptionBudget", "ops"),
+            ("Role", "team-a"),
+            ("Role", "team-b"),
+            ("RoleBinding", "team-a"),
+            ("RoleBinding", "team-b"),
+            ("Service", "ops"),  # metrics
+        ]
+    )
+    # Cluster-wide, only its own CRDs, by name.
+    (cluster_role,) = [d for d in docs if d["kind"] == "ClusterRole"]
+    assert cluster_role["metadata"]["name"] == "provisioner-crds"
     (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
     env = {
         e["name"]: e.get("value")
@@ -204,8 +230,12 @@ def test_namespaced_mode_with_accounts_only_reads_them_cluster_wide(helm):
     (their status and finalizer are the cluster-wide operator's)."""
     docs = render(helm, "watchNamespaces={team-a,team-b}")
     bound = {d["roleRef"]["name"] for d in docs if d["kind"] == "ClusterRoleBinding"}
-    assert bound == {"provisioner-accounts"}
-    (role,) = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] in bound]
+    assert bound == {"provisioner-accounts", "provisioner-crds"}
+    (role,) = [
+        d
+        for d in docs
+        if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "provisioner-accounts"
+    ]
     assert grants(role) == {
         ("cloud.provisioner.dev", "cloudaccounts", v) for v in ("get", "list", "watch")
     } | {("", "namespaces", v) for v in ("get", "list", "watch")}
@@ -350,6 +380,7 @@ def test_deployment_shape(helm):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "healthz"}
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
         "healthz": 8080,
+        "webhook": 9443,
         "metrics": 9090,
     }
     assert container["resources"] == {
@@ -458,3 +489,152 @@ def test_policies_are_off_by_default_and_requested_by_needs_the_api(helm):
         "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicyBinding",
     ]
+
+
+# The CRDs and the conversion webhook --------------------------------------------------------
+
+
+def crds_of(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == "CustomResourceDefinition"}
+
+
+def test_crds_are_rendered_from_the_files_kept_on_uninstall_and_pointed_at_the_release(helm):
+    rendered = crds_of(render(helm))
+    sources = {
+        crd["metadata"]["name"]: crd
+        for crd in (yaml.safe_load(p.read_text()) for p in CHART_CRDS.glob("*.yaml"))
+    }
+    assert set(rendered) == set(sources)
+    converted = set()
+    for name, source in sources.items():
+        crd = rendered[name]
+        meta = crd["metadata"]
+        assert meta["annotations"] == {"helm.sh/resource-policy": "keep"}
+        assert meta["labels"]["app.kubernetes.io/instance"] == "provisioner"
+        assert meta["labels"]["app.kubernetes.io/component"] == "crds"
+        if "conversion" in source["spec"]:
+            converted.add(name)
+            service = crd["spec"]["conversion"]["webhook"]["clientConfig"]["service"]
+            assert service == {
+                "namespace": "ops",
+                "name": "provisioner-webhook",
+                "port": 9443,
+                "path": "/convert",
+            }
+            assert "caBundle" not in crd["spec"]["conversion"]["webhook"]["clientConfig"]
+            source["spec"]["conversion"]["webhook"]["clientConfig"]["service"] = service
+        # Besides the metadata and the webhook's Service, exactly the file.
+        assert crd["spec"] == source["spec"], name
+    from provisioner.kinds import KINDS
+
+    assert converted == {f"{k.plural}.{GROUP}" for k in KINDS}
+
+
+def test_crds_follow_the_release_name_and_namespace_or_are_left_out(helm):
+    args = [str(helm), "template", "other", str(CHART), "--namespace", "platform"]
+    result = subprocess.run(args, capture_output=True, text=True, check=True)
+    for crd in crds_of([d for d in yaml.safe_load_all(result.stdout) if d]).values():
+        if "conversion" in crd["spec"]:
+            service = crd["spec"]["conversion"]["webhook"]["clientConfig"]["service"]
+            assert (service["namespace"], service["name"]) == (
+                "platform",
+                "other-provisioner-webhook",
+            )
+    off = render(helm, "crds.install=false")
+    assert not crds_of(off)
+    # The RBAC still comes from the chart's CRD files.
+    assert rules(off) == rules(render(helm))
+
+
+def test_webhook_service_port_and_settings(helm):
+    docs = render(helm)
+    (service,) = [
+        d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "provisioner-webhook"
+    ]
+    assert service["metadata"]["namespace"] == "ops"
+    assert service["spec"]["ports"] == [
+        {"name": "webhook", "port": 9443, "targetPort": "webhook", "protocol": "TCP"}
+    ]
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["PROVISIONER_NAMESPACE"]["valueFrom"] == {
+        "fieldRef": {"fieldPath": "metadata.namespace"}
+    }
+    assert env["PROVISIONER_WEBHOOK_SERVICE"]["value"] == "ops/provisioner-webhook"
+    assert env["PROVISIONER_WEBHOOK_PORT"]["value"] == "9443"
+    assert env["PROVISIONER_WEBHOOK_SECRET"]["value"] == "provisioner-webhook-tls"
+
+    docs = render(helm, "webhook.port=10443", "webhook.secretName=conv-tls", "fullnameOverride=p")
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["PROVISIONER_WEBHOOK_PORT"] == "10443"
+    assert env["PROVISIONER_WEBHOOK_SECRET"] == "conv-tls"
+    assert env["PROVISIONER_WEBHOOK_SERVICE"] == "ops/p-webhook"
+    assert {"name": "webhook", "containerPort": 10443, "protocol": "TCP"} in container["ports"]
+    (role,) = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "p-webhook"]
+    assert role["rules"][0]["resourceNames"] == ["conv-tls"]
+    (service,) = [
+        d for d in docs if d["metadata"]["name"] == "p-webhook" and d["kind"] == "Service"
+    ]
+    assert service["spec"]["ports"][0]["port"] == 9443  # what the CRDs name
+
+
+@pytest.mark.parametrize("sets", [(), ("watchNamespaces={team-a}", "replicas=1")])
+def test_webhook_rbac_is_its_crds_by_name_and_its_secret(helm, sets):
+    docs = render(helm, *sets)
+    from provisioner.kinds import KINDS
+
+    (crds_role,) = [
+        d
+        for d in docs
+        if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "provisioner-crds"
+    ]
+    assert crds_role["rules"] == [
+        {
+            "apiGroups": ["apiextensions.k8s.io"],
+            "resources": ["customresourcedefinitions"],
+            "resourceNames": sorted(f"{k.plural}.{GROUP}" for k in KINDS),
+            "verbs": ["get", "patch"],
+        }
+    ]
+    (role,) = [d for d in docs if d["kind"] == "Role" and d["metadata"]["namespace"] == "ops"]
+    assert role["metadata"]["name"] == "provisioner-webhook"
+    assert role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["secrets"],
+            "resourceNames": ["provisioner-webhook-tls"],
+            "verbs": ["get", "update"],
+        },
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+    ]
+    for name, kind in (("provisioner-crds", "ClusterRole"), ("provisioner-webhook", "Role")):
+        (binding,) = [
+            d for d in docs if d["kind"] == f"{kind}Binding" and d["metadata"]["name"] == name
+        ]
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": kind,
+            "name": name,
+        }
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "provisioner", "namespace": "ops"}
+        ]
+
+
+def test_policies_read_v1beta1_and_convert_v1alpha1_requests_first(helm):
+    policies = [
+        d for d in render(helm, "policy.enabled=true") if d["kind"] == "ValidatingAdmissionPolicy"
+    ]
+    assert policies
+    for policy in policies:
+        constraints = policy["spec"]["matchConstraints"]
+        assert constraints["matchPolicy"] == "Equivalent"
+        assert {v for r in constraints["resourceRules"] for v in r["apiVersions"]} == {"v1beta1"}
+        text = yaml.safe_dump(policy)
+        assert "allocatedStorageGiB" not in text and "writeConnectionSecretToRef" not in text
+    (databases,) = [p for p in policies if p["metadata"]["name"] == "provisioner-databases"]
+    assert "storage.?sizeGiB" in yaml.safe_dump(databases["spec"]["validations"])

@@ -37,6 +37,27 @@ app.kubernetes.io/component: operator
 {{- end }}
 {{- end }}
 
+{{/* The conversion webhook's Service and the Secret of its certificate. */}}
+{{- define "provisioner.webhookService" -}}
+{{- include "provisioner.fullname" . }}-webhook
+{{- end }}
+
+{{- define "provisioner.webhookSecret" -}}
+{{- default (printf "%s-webhook-tls" (include "provisioner.fullname" .)) .Values.webhook.secretName }}
+{{- end }}
+
+{{/*
+The CRDs whose conversion the operator keeps pointed at its webhook (its namespaced kinds'):
+"databaseinstances.cloud.provisioner.dev, queues.cloud.provisioner.dev, ...".
+*/}}
+{{- define "provisioner.convertedCrds" -}}
+{{- $names := list }}
+{{- range splitList ", " (include "provisioner.kindPlurals" .) }}
+{{- $names = append $names (printf "%s.cloud.provisioner.dev" .) }}
+{{- end }}
+{{- join ", " $names }}
+{{- end }}
+
 {{/* kopf peering is on with more than one replica ("true" or ""). */}}
 {{- define "provisioner.peering" -}}
 {{- if gt (int .Values.replicas) 1 }}true{{ end }}
@@ -64,13 +85,13 @@ The permissions the operator needs on its custom resources and on what it writes
 them, in the watched namespaces (all of them through a ClusterRole, or a Role in each).
 */}}
 {{/*
-The plurals of the operator's namespaced kinds, read from the chart's own CRDs (crds/), so
-that a new kind's CRD is all the RBAC needs: "databaseinstances, queues, s3buckets, ...".
+The plurals of the operator's namespaced kinds, read from the chart's own CRDs (files/crds/),
+so that a new kind's CRD is all the RBAC needs: "databaseinstances, queues, s3buckets, ...".
 (CloudAccounts, cluster-scoped, have rules of their own: templates/accounts-rbac.yaml.)
 */}}
 {{- define "provisioner.kindPlurals" -}}
 {{- $plurals := list }}
-{{- range $path, $_ := .Files.Glob "crds/*.yaml" }}
+{{- range $path, $_ := .Files.Glob "files/crds/*.yaml" }}
 {{- $crd := $.Files.Get $path | fromYaml }}
 {{- if and (eq $crd.spec.group "cloud.provisioner.dev") (eq $crd.spec.scope "Namespaced") }}
 {{- $plurals = append $plurals $crd.spec.names.plural }}
