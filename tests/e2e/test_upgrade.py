@@ -277,7 +277,8 @@ spec: {{visibilityTimeoutSeconds: 60, connectionSecret: {{name: late-beta-q}}}}
         NS,
         "-f",
         "-",
-        input=f"apiVersion: {GROUP}/v1alpha1\nkind: Topic\nmetadata: {{name: while-down}}\nspec: {{}}\n",
+        input=f"apiVersion: {GROUP}/v1alpha1\nkind: Topic\n"
+        "metadata: {name: while-down}\nspec: {}\n",
         check=False,
     )
     assert refused.returncode != 0 and "conversion webhook" in refused.stderr
