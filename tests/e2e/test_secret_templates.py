@@ -38,7 +38,7 @@ DEFAULT_KEYS = {"host", "port", "username", "password", "database", "engine", "u
 
 
 def database(name: str, connection_secret: dict | None = None) -> str:
-    spec = {
+    spec: dict[str, object] = {
         "engine": "postgres",
         "instanceClass": "db.t3.micro",
         "databaseName": "orders",
