@@ -143,8 +143,40 @@ def kubectl(kubeconfig: str | Path, *args: str, input: str | None = None) -> str
 
 
 def install_crds(kubeconfig: str | Path, crd_dir: Path = CRD_DIR) -> None:
-    kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(crd_dir))
-    kubectl(kubeconfig, "wait", "--for=condition=Established", "--timeout=60s", "-f", str(crd_dir))
+    """Apply the CRDs (server-side) and wait until they are established.
+
+    A CRD whose conversion webhook a loopback webhook already points at a `url` keeps that
+    clientConfig: the file's `service` beside it would be refused (one of url or service).
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        source = _keeping_webhook_urls(kubeconfig, crd_dir, Path(tmp))
+        kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(source))
+        kubectl(
+            kubeconfig, "wait", "--for=condition=Established", "--timeout=60s", "-f", str(source)
+        )
+
+
+def _keeping_webhook_urls(kubeconfig: str | Path, crd_dir: Path, tmp: Path) -> Path:
+    import yaml
+
+    listed = run_kubectl(kubeconfig, "get", "crd", "-o", "json")
+    live = {
+        crd["metadata"]["name"]: crd
+        for crd in (json.loads(listed.stdout)["items"] if listed.returncode == 0 else [])
+    }
+    changed = False
+    for path in sorted(crd_dir.glob("*.yaml")):
+        doc = yaml.safe_load(path.read_text())
+        found = live.get(doc["metadata"]["name"]) or {}
+        config = (((found.get("spec") or {}).get("conversion") or {}).get("webhook") or {}).get(
+            "clientConfig"
+        ) or {}
+        wanted = (doc["spec"].get("conversion") or {}).get("webhook")
+        if config.get("url") and wanted is not None:
+            wanted["clientConfig"] = config
+            changed = True
+        (tmp / path.name).write_text(yaml.safe_dump(doc, sort_keys=False))
+    return tmp if changed else crd_dir
 
 
 def crd_names() -> list[str]:

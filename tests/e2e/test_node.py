@@ -1,7 +1,9 @@
 """The chart's pods on a real node: `helm install` on a control plane with a kubelet, containerd
 and runc (provisioner_dev/node.py), the image as `make image` builds it, imported unpulled.
 
-Two replicas with peering: both pods pass their probes; resources go Ready through them (the
+Two replicas with peering: both pods pass their probes; the chart installs the CRDs and the
+pods serve their conversion webhook behind the chart's Service (the API server converts the
+v1alpha1 resources the test writes through it); resources go Ready through them (the
 in-cluster path: ServiceAccount token, `kubernetes` Service through kube-proxy); deleting the
 active pod hands over to the other; the PodDisruptionBudget refuses a second eviction while one
 pod is down. Skipped, with the reason, where a node or the image cannot be made here.
@@ -20,7 +22,7 @@ from provisioner_dev import image
 from provisioner_dev.binaries import ensure_binaries, ensure_helm
 from provisioner_dev.controlplane import NODE_GATEWAY, ControlPlane
 from provisioner_dev.node import Node, cannot_run
-from provisioner_dev.stack import MotoServer, install_crds
+from provisioner_dev.stack import MotoServer
 from tests.conftest import aws_clients, needs_own_controlplane
 from tests.e2e.test_helm_rbac import CHART, Helm
 from tests.helpers import Kubectl, apply, manifests, wait_for, wait_ready
@@ -77,7 +79,6 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
         cp.start()
         node.start()
         moto.start()
-        install_crds(cp.kubeconfig)
         ref = image.build(tag_version=False).ref
         node.load_image(ref)
         kube = Kubectl(cp.kubeconfig)
@@ -126,6 +127,12 @@ def test_both_replicas_run_and_pass_their_probes(cluster: Cluster):
 
 def test_resources_go_ready_through_the_pods(cluster: Cluster):
     wait_for(lambda: len(cluster.ready_pods()) == 2, timeout=180, what="2 Ready pods")
+    # The pods pointed the chart's CRDs at their Service, with their CA.
+    for plural in ("databaseinstances", "s3buckets", "queues", "topics"):
+        crd = cluster.kube.json("get", "crd", f"{plural}.cloud.provisioner.dev")
+        config = crd["spec"]["conversion"]["webhook"]["clientConfig"]
+        assert config["service"]["namespace"] == NAMESPACE, config
+        assert config["service"]["name"].endswith("-webhook") and config.get("caBundle")
     ns = f"app-{uuid.uuid4().hex[:6]}"
     cluster.kube.kubectl("create", "namespace", ns)
     apply(cluster.kube, ns, manifests([("Queue", "jobs", "{}"), ("S3Bucket", "files", "{}")]))
