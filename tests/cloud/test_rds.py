@@ -85,7 +85,7 @@ def test_lifecycle(aws, rds, make_resource):
     obs = rds.observe(changed)
     assert {d.field for d in obs.diffs} == {
         "spec.instanceClass",
-        "spec.allocatedStorageGiB",
+        "spec.storage.sizeGiB",
         "spec.engineVersion",
         "spec.multiAZ",
         "spec.publiclyAccessible",
@@ -170,6 +170,24 @@ def test_storage_never_shrinks(rds, make_resource):
     with pytest.raises(errors.TerminalError, match="cannot shrink"):
         obs = rds.observe(smaller)
         rds.update(smaller, obs, obs.diffs)
+
+
+def test_storage_type_and_iops_are_created_and_changed_together(rds, make_resource):
+    res = make_resource(
+        "DatabaseInstance", {**SPEC, "storage": {"sizeGiB": 100, "type": "gp3", "iops": 3000}}
+    )
+    created = rds.create(res, SECRETS)
+    instance = created.client_state["instance"]
+    assert (instance["StorageType"], instance.get("Iops")) == ("gp3", 3000)
+    assert rds.observe(res).diffs == []
+    faster = replace(res, spec=replace(res.spec, storage_type="io1", iops=5000))
+    obs = rds.observe(faster)
+    assert {d.field for d in obs.diffs} == {"spec.storage.type", "spec.storage.iops"}
+    rds.update(faster, obs, obs.diffs)
+    assert rds.observe(faster).diffs == []
+    # Unset type and IOPS leave the cloud's choice alone.
+    left = replace(res, spec=replace(res.spec, storage_type=None, iops=None))
+    assert rds.observe(left).diffs == []
 
 
 def test_unknown_engine_is_terminal(rds, make_resource):
