@@ -17,7 +17,7 @@ import pytest
 
 from provisioner_dev.binaries import ensure_binaries
 from provisioner_dev.processes import alive, free_port
-from provisioner_dev.stack import run_kubectl
+from provisioner_dev.stack import conversion_answers, run_kubectl
 from tests.conftest import needs_own_controlplane
 from tests.helpers import apply, get, wait_for, wait_ready
 
@@ -285,6 +285,13 @@ def test_the_developer_loop_runs_their_own_operator_against_dev_up_no_operator(d
     for run, name in enumerate(("first", "second")):
         proc = run_own_operator(dev_dir, log)
         try:
+            # It serves the CRDs' conversion webhook (on 9443) within a few seconds of start;
+            # until then a v1alpha1 resource cannot be written.
+            wait_for(
+                lambda: conversion_answers(dev_dir / ".dev/kubeconfig"),
+                timeout=60,
+                what="the operator's conversion webhook",
+            )
             apply(kube, "app", queue(name))
             cr = wait_ready(kube, "queue", "app", name, timeout=120)
             assert cloud.get_queue_url(QueueName=cr["status"]["externalName"])["QueueUrl"]

@@ -75,7 +75,7 @@ def test_dev_up_runs_on_envtest_binaries_without_a_controller_manager(assets, tm
             "t",
             "-f",
             "-",
-            input="apiVersion: cloud.provisioner.dev/v1alpha1\nkind: Queue\n"
+            input="apiVersion: cloud.provisioner.dev/v1beta1\nkind: Queue\n"
             "metadata: {name: q}\nspec: {}\n",
         )
         assert json.loads(kubectl(kubeconfig, "get", "queue", "q", "-n", "t", "-o", "json"))
