@@ -18,6 +18,7 @@ under `drift-policy: report`.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import json
 import logging
@@ -38,6 +39,7 @@ from provisioner.accounts import AccountRefused, Directory, pinned
 from provisioner.cloud import errors
 from provisioner.cloud.base import (
     BatchObserver,
+    BatchTagReader,
     ExternalClient,
     FieldDiff,
     Observation,
@@ -59,6 +61,9 @@ WAIT_BASE = 2.0
 WAIT_CAP = 30.0
 # How long a batched describe's answer may stand in for a resync pass's own observation.
 PREFETCH_TTL = 30.0
+# Set inside a periodic look (a resync pass and its batched describe): its blocking calls
+# run on the looks' own threads (`Reconciler.in_thread`).
+LOOKING: contextvars.ContextVar[bool] = contextvars.ContextVar("looking", default=False)
 
 
 def backoff(retry: int, base: float = RETRY_BASE, cap: float = RETRY_CAP) -> float:
@@ -211,10 +216,16 @@ class Reconciler:
         self.clients = clients
         self.post_event = post_event
         self.executor = ThreadPoolExecutor(max_workers=settings.workers, thread_name_prefix="cloud")
+        # The periodic looks have threads and a bound of their own (half as many): a look
+        # waiting for the call budget, or a round of thousands of them, never holds a thread
+        # or a pass slot that a create, a spec change or a deletion waits for.
+        looks = max(1, settings.workers // 2)
+        self.look_executor = ThreadPoolExecutor(max_workers=looks, thread_name_prefix="look")
         self.locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         # Bounds the passes in flight at once. A burst of 1,000 new resources then finishes in
         # waves (each one quickly) instead of all together at the end, holding far less memory.
         self.passes_in_flight = asyncio.Semaphore(max(1, settings.workers))
+        self.looks_in_flight = asyncio.Semaphore(looks)
         # Master passwords of databases created by this process whose Secret is not
         # written yet. Lost on a crash, which is fine: a database found without its
         # Secret gets a new password (set in the cloud first, then written).
@@ -229,6 +240,9 @@ class Reconciler:
         # held, a write settling). It looks again itself, with its own backoff; a resync in
         # between would only poll the cloud once more.
         self.requeued: set[str] = set()
+        # Resources whose current generation was refused for good (InvalidSpec, NameConflict):
+        # their resync looks at nothing until the spec changes, so no batch reads them.
+        self.refused_for_generation: set[str] = set()
         # What a batched describe said about resources whose resync is due (`prefetch`):
         # uid -> (monotonic time the describe started, the cloud's answer for it).
         self.prefetched: dict[str, tuple[float, Any]] = {}
@@ -245,9 +259,21 @@ class Reconciler:
     # -- helpers ------------------------------------------------------------------
 
     async def in_thread(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run a blocking call (boto3, the Kubernetes client) on the cloud thread pool."""
+        """Run a blocking call (boto3, the Kubernetes client) on the cloud thread pool; inside
+        a periodic look (`LOOKING`), on the looks' own."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, lambda: fn(*args, **kwargs))
+        executor = self.look_executor if LOOKING.get() else self.executor
+        return await loop.run_in_executor(executor, lambda: fn(*args, **kwargs))
+
+    def look_backlog(self, kind: str, region: str, account: Any = None) -> float:
+        """Seconds the calls already waiting on the call budget of `kind`'s service (in that
+        account and region) still wait; 0 when none does. A periodic look that would queue
+        behind them is deferred by the resync instead (creates and changes go first)."""
+        budget = getattr(getattr(self.clients.get(kind), "aws", None), "budget", None)
+        if budget is None:
+            return 0.0
+        service = kinds.descriptor(kind).service
+        return float(budget.backlog(service, region, account.account_id if account else ""))
 
     def resource(self, body: Mapping[str, Any]) -> Resource:
         return kinds.parse(body, region=self.settings.region, cluster_id=self.settings.cluster_id)
@@ -260,6 +286,7 @@ class Reconciler:
         self.failed_resyncs.discard(uid)
         self.recent_writes.pop(uid, None)
         self.requeued.discard(uid)
+        self.refused_for_generation.discard(uid)
         self.account_of.pop(uid, None)
         self.refused.discard(uid)
 
@@ -359,7 +386,12 @@ class Reconciler:
         returns how many were described. A failed or partial answer costs nothing: those
         passes observe by themselves."""
         client = self.clients.get(kind)
-        if not isinstance(client, BatchObserver):
+        describe: Callable[..., Mapping[str, Any]]
+        if isinstance(client, BatchObserver):
+            describe = client.describe_many
+        elif isinstance(client, BatchTagReader):
+            describe = client.tags_many  # the tags only: each pass reads the rest itself
+        else:
             return 0
         now = time.monotonic()
         for uid in [u for u, (at, _) in self.prefetched.items() if now - at > PREFETCH_TTL]:
@@ -367,34 +399,52 @@ class Reconciler:
         described = 0
         regions: defaultdict[tuple[str, Any], list[tuple[str, str]]] = defaultdict(list)
         for uid, region, name, account in due:
-            if uid not in self.requeued:  # its change handler looks by itself; no resync
-                regions[(region, account)].append((uid, name))
+            if uid in self.requeued:  # its change handler looks by itself; no resync
+                continue
+            if uid in self.refused_for_generation:  # its resync will not look
+                continue
+            regions[(region, account)].append((uid, name))
         for (region, account), wanted in regions.items():
             started = time.monotonic()
+            token = LOOKING.set(True)
             try:
-                found = await self.in_thread(
-                    client.describe_many, region, [n for _, n in wanted], account
-                )
+                found = await self.in_thread(describe, region, [n for _, n in wanted], account)
             except errors.CloudError as exc:
                 log.info("batched describe of %d %s failed: %s", len(wanted), kind, exc)
                 continue
+            finally:
+                LOOKING.reset(token)
             for uid, name in wanted:
                 if name in found:
                     self.prefetched[uid] = (started, found[name])
                     described += 1
         return described
 
-    def _prefetched(self, client: ExternalClient, resource: Resource) -> Observation | None:
-        """The batched describe's answer for a resync pass, if nothing was written since."""
+    def _fresh_prefetched(self, resource: Resource) -> Any | None:
+        """The batched answer for a resync pass (used once), if nothing was written since."""
         fetched = self.prefetched.pop(resource.uid, None)
-        if fetched is None or not isinstance(client, BatchObserver):
+        if fetched is None:
             return None
         started, described = fetched
         if started <= self.last_write.get(resource.uid, -1.0):
             return None
         if time.monotonic() - started > PREFETCH_TTL:
             return None
-        return client.observed(resource, described)
+        return described
+
+    def _prefetched(self, client: ExternalClient, resource: Resource) -> Observation | None:
+        """The batched describe's answer for a resync pass, if nothing was written since."""
+        if not isinstance(client, BatchObserver):
+            return None
+        described = self._fresh_prefetched(resource)
+        return None if described is None else client.observed(resource, described)
+
+    def _prefetched_tags(self, client: ExternalClient, resource: Resource) -> dict[str, str] | None:
+        """The batched tag read's answer for a resync pass, if nothing was written since."""
+        if not isinstance(client, BatchTagReader):
+            return None
+        tags = self._fresh_prefetched(resource)
+        return None if tags is None else dict(tags)
 
     async def _observe(
         self, client: ExternalClient, resource: Resource, resync: bool = False
@@ -403,8 +453,12 @@ class Reconciler:
         kind's settle time whose read still shows the previous value is neither written again
         nor drift (`Observation.settling` names it). A field the cloud shows as written, or
         shows with a third value, or whose settle time is over, is forgotten. A resync pass
-        uses the batched describe's answer (`prefetch`) when there is a fresh one."""
+        uses the batched describe's answer (`prefetch`) when there is a fresh one, or for a
+        kind whose tags are read in batches, those tags."""
         obs = self._prefetched(client, resource) if resync else None
+        tags = self._prefetched_tags(client, resource) if resync and obs is None else None
+        if obs is None and tags is not None and isinstance(client, BatchTagReader):
+            obs = await self.in_thread(client.observe_tagged, resource, tags)
         if obs is None:
             obs = await self.in_thread(client.observe, resource)
         written = self.recent_writes.pop(resource.uid, None)
@@ -720,6 +774,7 @@ class Reconciler:
                 return self._paused(resource), resource
             asked_to_reconcile = resource.reconcile_request_pending
             if self.terminal_for_generation(resource) and not asked_to_reconcile:
+                self.refused_for_generation.add(resource.uid)
                 return Result(for_generation=False), resource
             result, resource = await self._pass(resource, retry, requested)
             if asked_to_reconcile:
@@ -752,6 +807,14 @@ class Reconciler:
             self.refused.add(resource.uid)
         else:
             self.refused.discard(resource.uid)
+        if (
+            synced is not None
+            and not synced.status
+            and synced.reason in (cond.INVALID_SPEC, cond.NAME_CONFLICT)
+        ):
+            self.refused_for_generation.add(resource.uid)
+        else:
+            self.refused_for_generation.discard(resource.uid)
         return result, resource
 
     async def _recheck(self, body: Mapping[str, Any]) -> tuple[Result, Resource] | None:
@@ -788,7 +851,24 @@ class Reconciler:
         no second Event for a state that pass already reported. The status patch is written
         before the lock is released, for the same reason.
         """
-        async with self.passes_in_flight, self.locks[uid]:
+        # Its own pass bound and threads (`look_executor`): a change pass never waits for a
+        # look. A recheck after a CloudAccount's change is a change pass.
+        in_flight = self.passes_in_flight if recheck else self.looks_in_flight
+        token = LOOKING.set(not recheck)
+        try:
+            return await self._resync_current(uid, load, report, recheck, in_flight)
+        finally:
+            LOOKING.reset(token)
+
+    async def _resync_current(
+        self,
+        uid: str,
+        load: Callable[[], Awaitable[Mapping[str, Any] | None]],
+        report: Callable[[Mapping[str, Any], tuple[Result, Resource], float], Awaitable[None]],
+        recheck: bool,
+        in_flight: asyncio.Semaphore,
+    ) -> float | None:
+        async with in_flight, self.locks[uid]:
             started = time.monotonic()
             body = await load()
             if body is None or body.get("metadata", {}).get("uid") != uid:

@@ -15,6 +15,12 @@ A change of a CloudAccount or a namespace's labels asks for a recheck of the res
 affects (`recheck`): a full pass as soon as the loop's next tick, whatever state they are in,
 repeated while the pass asks to come back (a database being created).
 
+The looks run on threads of their own (`Reconciler.look_executor`, half as many as the
+change passes'), and a look whose kind's call budget has calls waiting already (creates,
+changes, other looks: `Reconciler.look_backlog`) is put off until they have gone rather than
+queued behind them: a create or a spec change never waits behind a round of looks, whether
+for a thread or for the budget.
+
 Under peering, a replica that is paused in favour of a higher-priority peer must not act:
 kopf pauses its own handlers, and this loop checks the same peering object kopf uses.
 """
@@ -31,7 +37,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from provisioner import metrics
-from provisioner.cloud.base import BatchObserver
+from provisioner.cloud.base import BatchObserver, BatchTagReader
 from provisioner.config import Settings
 from provisioner.models import Resource
 from provisioner.reconcile import Reconciler, Result
@@ -155,7 +161,7 @@ class ResyncScheduler:
         batched = {
             kind
             for _, (_, kind, *_rest) in ready
-            if isinstance(self.reconciler.clients.get(kind), BatchObserver)
+            if isinstance(self.reconciler.clients.get(kind), (BatchObserver, BatchTagReader))
         }
         if batched:
             soon = now + self.batch_window
@@ -168,6 +174,32 @@ class ResyncScheduler:
             self.due[uid] = (self._next(), *rest)
         return ready
 
+    def _defer_busy(
+        self,
+        ready: list[tuple[str, tuple[float, str, str, str, str, str, Any]]],
+        now: float,
+    ) -> list[tuple[str, tuple[float, str, str, str, str, str, Any]]]:
+        """The looks of `ready` to run now; those whose kind's call budget has calls waiting
+        are due again once those have gone (plus up to a second, spread), not queued behind
+        them. A look is only ever put off, never dropped."""
+        backlog: dict[tuple[str, str, Any], float] = {}
+        kept = []
+        for uid, entry in ready:
+            _, kind, _ns, _name, region, _cloud_name, account = entry
+            key = (kind, region, account)
+            if key not in backlog:
+                backlog[key] = self.reconciler.look_backlog(kind, region, account)
+            wait = backlog[key]
+            if wait > 0:
+                self.due[uid] = (now + wait + random.uniform(0.0, 1.0), *entry[1:])
+                continue
+            kept.append((uid, entry))
+        if len(kept) < len(ready):
+            log.debug(
+                "%d looks put off: their call budget has calls waiting", len(ready) - len(kept)
+            )
+        return kept
+
     async def _loop(self) -> None:
         tick = max(0.2, min(1.0, self.settings.resync_seconds / 10))
         while True:
@@ -176,7 +208,8 @@ class ResyncScheduler:
             await self._rechecks(time.monotonic())
             if self.settings.resync_seconds <= 0:
                 continue
-            ready = self._take_due(time.monotonic())
+            now = time.monotonic()
+            ready = self._defer_busy(self._take_due(now), now)
             if not ready:
                 continue
             kinds: dict[str, list[tuple[str, str, str, Any]]] = {}

@@ -124,6 +124,25 @@ class BatchObserver(Protocol):
         """The observation `observe` would make from `describe_many`'s answer for it."""
 
 
+@runtime_checkable
+class BatchTagReader(Protocol):
+    """The capability of kinds whose tags the Resource Groups Tagging API reads for many
+    resources in one call (SQS, SNS, S3: one GetResources for up to 100 ARNs,
+    `provisioner.cloud.tagging`). The periodic resync then reads the tags of the resources
+    that come due together with one call per batch; each look makes the rest of its reads
+    (a queue's attributes, ...) by itself."""
+
+    def tags_many(
+        self, region: str, names: Sequence[str], account: AccountRef | None = None
+    ) -> dict[str, dict[str, str]]:
+        """The tags of those of `names` the tagging API knows, by name (absent: untagged,
+        not there, or not known yet; that look reads its tags by itself)."""
+
+    def observe_tagged(self, resource: Resource, tags: dict[str, str]) -> Observation:
+        """`observe`, with `tags` (from `tags_many`) standing in for the resource's own tag
+        read when they show it ours and tagged as desired; otherwise it reads them itself."""
+
+
 @dataclass(frozen=True)
 class OwnedResource:
     """A cloud resource found by listing, with its tags (for `provisioner leaks`)."""

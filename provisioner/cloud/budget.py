@@ -28,7 +28,14 @@ sources are in docs/api.md):
   no published limit for the other queue actions, so no bucket for them;
 - S3: 3,500 PUT/COPY/POST/DELETE and 5,500 GET/HEAD per second per partitioned prefix
   (https://docs.aws.amazon.com/AmazonS3/latest/userguide/optimizing-performance.html): the
-  write rate, the lower one, for the whole service.
+  write rate, the lower one, for the whole service;
+- Resource Groups Tagging API (the periodic looks' batched tag reads): "Rate of calling the
+  GetResources API operation: Maximum of 15 calls per second"
+  (https://docs.aws.amazon.com/tag-editor/latest/userguide/reference.html); no burst is
+  documented, so one second's worth.
+
+`backlog` says how long calls already wait on a service's buckets: the periodic resync
+defers a look rather than have it queue behind them (or creates queue behind it).
 """
 
 from __future__ import annotations
@@ -72,6 +79,7 @@ DEFAULT_LIMITS: dict[str, Limit | None] = {
     "rds": Limit(burst=300, rate=12),
     "sqs.tagging": Limit(burst=5, rate=5),
     "s3": Limit(burst=3500, rate=3500),
+    "resourcegroupstaggingapi": Limit(burst=15, rate=15),
 }
 # Operations that AWS limits as a group of their own: service -> operation -> group.
 DEFAULT_GROUPS: dict[str, dict[str, str]] = {
@@ -84,7 +92,7 @@ class BudgetSpecError(ValueError):
 
 
 KNOWN_NAMES = frozenset(
-    {"rds", "sqs", "s3"}
+    {"rds", "sqs", "s3", "resourcegroupstaggingapi"}
     | {f"{service}.{group}" for service, ops in DEFAULT_GROUPS.items() for group in ops.values()}
 )
 
@@ -285,6 +293,23 @@ class CallBudget:
         if wait > 0:
             LISTENERS.waited(service, wait)
             self.sleep(wait)
+        return wait
+
+    def backlog(self, service: str, region: str, account: str = "") -> float:
+        """Seconds until the calls already waiting on any of `service`'s buckets in that
+        account and region (its own and its groups', e.g. `sqs.tagging`) have gone; 0 when
+        none waits. Takes no token."""
+        wait = 0.0
+        with self._lock:
+            now = self.clock()
+            for (owner, where, name), bucket in self._buckets.items():
+                if owner != account or where != region:
+                    continue
+                if name != service and not name.startswith(f"{service}."):
+                    continue
+                bucket._refill(now)
+                if bucket.tokens < 0:
+                    wait = max(wait, -bucket.tokens / bucket.rate)
         return wait
 
     def run(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from provisioner import naming
-from provisioner.cloud import errors, tag_diffs
+from provisioner.cloud import errors, tag_diffs, tagging
+from provisioner.cloud.assume import AccountRef
 from provisioner.cloud.aws import Aws
 from provisioner.cloud.base import (
     ErrorCodes,
@@ -112,6 +113,21 @@ class S3Client:
             return {}
 
     def observe(self, resource: Resource) -> Observation:
+        return self._observe(resource, None)
+
+    def observe_tagged(self, resource: Resource, tags: dict[str, str]) -> Observation:
+        """A look whose tags were read in a batch: no GetBucketTagging, unless the batch
+        shows something to act on (then it decides, as in `observe`)."""
+        return self._observe(resource, tags)
+
+    def tags_many(
+        self, region: str, names: Sequence[str], account: AccountRef | None = None
+    ) -> dict[str, dict[str, str]]:
+        partition = self.aws.partition(region)
+        arns = {f"arn:{partition}:s3:::{name}": name for name in names}
+        return tagging.by_name(self.aws, region, arns, account)
+
+    def _observe(self, resource: Resource, batched: dict[str, str] | None) -> Observation:
         s3, name = self._s3(resource), resource.external_name
         try:
             head = self.aws.call(s3.head_bucket, Bucket=name)
@@ -122,7 +138,10 @@ class S3Client:
                 raise
             # The name is taken by another account (or we may not even look at it).
             return Observation(exists=True, available=False, state="forbidden")
-        tags = self._tags(s3, name)
+        if batched is not None and tagging.stands_in(resource, batched):
+            tags = batched
+        else:
+            tags = self._tags(s3, name)
         config = self._config(s3, name)
         return self._observation(resource, head.get("BucketRegion"), config, tags)
 

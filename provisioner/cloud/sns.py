@@ -7,12 +7,13 @@ CloudAccount's, or the one the operator's own credentials act in (asked of STS o
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from provisioner import naming
-from provisioner.cloud import errors, tag_changes, tag_diffs
+from provisioner.cloud import errors, tag_changes, tag_diffs, tagging
+from provisioner.cloud.assume import AccountRef
 from provisioner.cloud.aws import Aws
 from provisioner.cloud.base import (
     ErrorCodes,
@@ -53,14 +54,33 @@ class SnsClient:
         return self.aws.client("sns", resource.region, resource.account)
 
     def topic_arn(self, resource: Resource) -> str:
-        account = self.aws.account_id(resource.account)
-        return f"arn:aws:sns:{resource.region}:{account}:{resource.external_name}"
+        return self._arn(resource.region, resource.account, resource.external_name)
+
+    def _arn(self, region: str, account: AccountRef | None, name: str) -> str:
+        return f"arn:aws:sns:{region}:{self.aws.account_id(account)}:{name}"
 
     def observe(self, resource: Resource) -> Observation:
+        return self._observe(resource, None)
+
+    def observe_tagged(self, resource: Resource, tags: dict[str, str]) -> Observation:
+        """A look whose tags were read in a batch: GetTopicAttributes only, unless the batch
+        shows something to act on (then ListTagsForResource decides, as in `observe`)."""
+        return self._observe(resource, tags)
+
+    def tags_many(
+        self, region: str, names: Sequence[str], account: AccountRef | None = None
+    ) -> dict[str, dict[str, str]]:
+        arns = {self._arn(region, account, name): name for name in names}
+        return tagging.by_name(self.aws, region, arns, account)
+
+    def _observe(self, resource: Resource, batched: dict[str, str] | None) -> Observation:
         sns, arn = self._sns(resource), self.topic_arn(resource)
         try:
             attributes = self.aws.call(sns.get_topic_attributes, TopicArn=arn)["Attributes"]
-            tags = _tags(self.aws.call(sns.list_tags_for_resource, ResourceArn=arn))
+            if batched is not None and tagging.stands_in(resource, batched):
+                tags = batched
+            else:
+                tags = _tags(self.aws.call(sns.list_tags_for_resource, ResourceArn=arn))
         except errors.NotFoundError:
             return Observation(exists=False)
         return self._observation(resource, arn, attributes, tags)

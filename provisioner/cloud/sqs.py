@@ -7,12 +7,13 @@ in `resource.resolved` (absent: no redrive policy wanted).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from provisioner import naming
-from provisioner.cloud import errors, subscriptions, tag_changes, tag_diffs
+from provisioner.cloud import errors, subscriptions, tag_changes, tag_diffs, tagging
+from provisioner.cloud.assume import AccountRef
 from provisioner.cloud.aws import Aws
 from provisioner.cloud.base import (
     ErrorCodes,
@@ -75,6 +76,21 @@ class SqsClient:
         return self.aws.client("sqs", resource.region, resource.account)
 
     def observe(self, resource: Resource) -> Observation:
+        return self._observe(resource, None)
+
+    def observe_tagged(self, resource: Resource, tags: dict[str, str]) -> Observation:
+        """A look whose tags were read in a batch: GetQueueAttributes only, unless the batch
+        shows something to act on (then ListQueueTags decides, as in `observe`)."""
+        return self._observe(resource, tags)
+
+    def tags_many(
+        self, region: str, names: Sequence[str], account: AccountRef | None = None
+    ) -> dict[str, dict[str, str]]:
+        partition, owner = self.aws.partition(region), self.aws.account_id(account)
+        arns = {f"arn:{partition}:sqs:{region}:{owner}:{name}": name for name in names}
+        return tagging.by_name(self.aws, region, arns, account)
+
+    def _observe(self, resource: Resource, batched: dict[str, str] | None) -> Observation:
         sqs, name = self._sqs(resource), resource.external_name
         # The URL recorded in status saves a GetQueueUrl on every look: a queue's URL never
         # changes, and a call on the URL of a queue that is gone answers NonExistentQueue.
@@ -85,7 +101,10 @@ class SqsClient:
             else:
                 url = self.aws.call(sqs.get_queue_url, QueueName=name)["QueueUrl"]
             attrs = self.aws.call(sqs.get_queue_attributes, QueueUrl=url, AttributeNames=["All"])
-            tags = self.aws.call(sqs.list_queue_tags, QueueUrl=url).get("Tags") or {}
+            if batched is not None and tagging.stands_in(resource, batched):
+                tags = batched
+            else:
+                tags = self.aws.call(sqs.list_queue_tags, QueueUrl=url).get("Tags") or {}
         except errors.NotFoundError:
             return Observation(exists=False)
         attributes = attrs.get("Attributes") or {}
