@@ -111,6 +111,9 @@ def test_image_runs_as_a_pod_would(
         f"--metrics-port={metrics}",
         f"--namespace={own}",
         f"--resync-seconds={TEST_RESYNC_SECONDS}",
+        # The session's webhook keeps serving the shared CRDs (the node test has the image
+        # serve its own, in a pod).
+        "--webhook=off",
     ]
     sa = service_account_volume(cluster, work / "serviceaccount")
     assert not any(e.startswith("KUBECONFIG=") for e in config.get("Env") or [])
