@@ -423,6 +423,14 @@ def mb(kib: float | None) -> float | None:
     return None if kib is None else round(kib / 1024, 1)
 
 
+def rss_split(pid: int | None) -> dict[str, float | None]:
+    """VmRSS as the kernel splits it: anonymous memory (heaps, stacks) and file-backed pages
+    (the executable and shared libraries touched), from /proc/<pid>/status."""
+    return {
+        key: mb(proc_status_kib(pid, key)) for key in ("VmRSS", "RssAnon", "RssFile", "RssShmem")
+    }
+
+
 # -- one controller's run --------------------------------------------------------------------------
 
 
@@ -577,6 +585,7 @@ class Run:
         assert self.rss is not None
         before = time.monotonic() - self.rss.t0
         self.result["rss_before_first_cr_mb"] = mb(proc_status_kib(pid, "VmRSS"))
+        self.result["rss_split_before_first_cr_mb"] = rss_split(pid)
         self.result["vmhwm_before_first_cr_mb"] = mb(proc_status_kib(pid, "VmHWM"))
         writes0 = scrape_writes(self.api)
         mark0 = self.recording.mark()
@@ -621,6 +630,9 @@ class Run:
         thread.join(timeout=60)
         cpu_ready = proc_cpu_seconds(pid)
         at_ready = time.monotonic() - self.rss.t0
+        split = self.result["rss_split_at_all_ready_mb"] = rss_split(pid)
+        self.result["rss_anon_at_all_ready_mb"] = split["RssAnon"]
+        self.result["rss_file_at_all_ready_mb"] = split["RssFile"]
         mark1, settle_s = self.settle()
         writes1 = scrape_writes(self.api)
         entries = read_entries(self.recording.path, mark0[0], mark1[0])
@@ -803,6 +815,8 @@ ROWS: list[tuple[str, str, str, int]] = [
     ("RSS before the first CR", "rss_before_first_cr_mb", " MB", 1),
     ("RSS max, create -> all Ready", "rss_max_create_to_ready_mb", " MB", 1),
     ("peak RSS (VmHWM at the end)", "peak_rss_mb", " MB", 1),
+    ("  at all Ready: anonymous", "rss_anon_at_all_ready_mb", " MB", 1),
+    ("  at all Ready: file-backed", "rss_file_at_all_ready_mb", " MB", 1),
     ("CPU seconds, create -> all Ready", "cpu_seconds_create_to_ready", "", 2),
     ("API writes per CR to Ready", "api_writes_per_cr_to_ready", "", 2),
     ("time to all deleted", "all_deleted_seconds", " s", 1),
