@@ -243,6 +243,8 @@ class Reconciler:
         # Resources whose current generation was refused for good (InvalidSpec, NameConflict):
         # their resync looks at nothing until the spec changes, so no batch reads them.
         self.refused_for_generation: set[str] = set()
+        # Resources last seen with the paused annotation: no batch reads them either.
+        self.paused: set[str] = set()
         # What a batched describe said about resources whose resync is due (`prefetch`):
         # uid -> (monotonic time the describe started, the cloud's answer for it).
         self.prefetched: dict[str, tuple[float, Any]] = {}
@@ -276,7 +278,15 @@ class Reconciler:
         return float(budget.backlog(service, region, account.account_id if account else ""))
 
     def resource(self, body: Mapping[str, Any]) -> Resource:
-        return kinds.parse(body, region=self.settings.region, cluster_id=self.settings.cluster_id)
+        resource = kinds.parse(
+            body, region=self.settings.region, cluster_id=self.settings.cluster_id
+        )
+        # A paused resource gets no cloud call at all, batched reads included.
+        if resource.paused:
+            self.paused.add(resource.uid)
+        else:
+            self.paused.discard(resource.uid)
+        return resource
 
     def forget(self, uid: str) -> None:
         self.prefetched.pop(uid, None)
@@ -287,6 +297,7 @@ class Reconciler:
         self.recent_writes.pop(uid, None)
         self.requeued.discard(uid)
         self.refused_for_generation.discard(uid)
+        self.paused.discard(uid)
         self.account_of.pop(uid, None)
         self.refused.discard(uid)
 
@@ -401,7 +412,7 @@ class Reconciler:
         for uid, region, name, account in due:
             if uid in self.requeued:  # its change handler looks by itself; no resync
                 continue
-            if uid in self.refused_for_generation:  # its resync will not look
+            if uid in self.refused_for_generation or uid in self.paused:  # no look is due
                 continue
             regions[(region, account)].append((uid, name))
         for (region, account), wanted in regions.items():
