@@ -274,3 +274,30 @@ def test_resources_refused_for_their_generation_are_not_read_in_batches():
     assert cloud.batches == [[b.external_name]]
     rec.forget(a.uid)
     assert a.uid not in rec.refused_for_generation
+
+
+def test_paused_resources_are_not_read_in_batches():
+    """Paused means no cloud call names it: not even a batch the resync makes for others."""
+    a, b = resource("Queue", "a"), resource("Queue", "b")
+    cloud = Tagged({a.external_name, b.external_name})
+    rec = Reconciler(
+        Settings(region=REGION, cluster_id="test", workers=2), None, {"Queue": cloud}, print
+    )
+    body = {
+        "apiVersion": "cloud.provisioner.dev/v1beta1",
+        "kind": "Queue",
+        "metadata": {
+            "namespace": a.namespace,
+            "name": a.name,
+            "uid": a.uid,
+            "annotations": {"cloud.provisioner.dev/paused": "true"},
+        },
+        "spec": {},
+    }
+    rec.resource(body)  # every pass parses its body first: the pause is noted there
+    due = [(r.uid, r.region, r.external_name, None) for r in (a, b)]
+    assert asyncio.run(rec.prefetch("Queue", due)) == 1
+    assert cloud.batches == [[b.external_name]]
+    body["metadata"]["annotations"] = {}
+    rec.resource(body)  # unpaused
+    assert a.uid not in rec.paused
