@@ -4,16 +4,21 @@ writes by category, the targets and the table (the run itself needs ACK's contro
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
 from bench.ack import (
+    MOTO_SITECUSTOMIZE,
     ack_side,
     api_writes,
     bucket_of,
     calls_by_bucket,
     ours_side,
     read_entries,
+    rss_split,
     table,
     targets,
 )
@@ -154,3 +159,33 @@ def test_table_has_both_columns_and_the_verdicts() -> None:
     assert "min 6, p50 6.00, max 6 over 500 buckets" in text
     one = table({"ours": figures(6.0, 1.0, 1.0)["ours"]})
     assert "ACK" not in one.splitlines()[0]
+
+
+def test_rss_split_reads_this_process() -> None:
+    split = rss_split(os.getpid())
+    assert set(split) == {"VmRSS", "RssAnon", "RssFile", "RssShmem"}
+    assert split["VmRSS"] and split["RssAnon"] and split["VmRSS"] >= split["RssAnon"]
+
+
+def test_moto_answers_the_default_encryption_with_the_hook(tmp_path: Path) -> None:
+    """moto's S3 backend, loaded with MOTO_SITECUSTOMIZE on the path, answers AWS's default
+    encryption for a bucket nobody configured, and what was configured otherwise."""
+    (tmp_path / "sitecustomize.py").write_text(MOTO_SITECUSTOMIZE)
+    probe = (
+        "from moto.s3.models import s3_backends\n"
+        "b = s3_backends['123456789012']['aws']\n"
+        "b.create_bucket('plain', 'us-east-1')\n"
+        "b.create_bucket('kms', 'us-east-1')\n"
+        "rule = {'Rule': {'ApplyServerSideEncryptionByDefault': {'SSEAlgorithm': 'aws:kms'}}}\n"
+        "b.put_bucket_encryption('kms', rule)\n"
+        "print(b.get_bucket_encryption('plain')['Rule']"
+        "['ApplyServerSideEncryptionByDefault']['SSEAlgorithm'])\n"
+        "print(b.get_bucket_encryption('kms')['Rule']"
+        "['ApplyServerSideEncryptionByDefault']['SSEAlgorithm'])\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["AES256", "aws:kms"]
