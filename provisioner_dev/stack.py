@@ -272,11 +272,19 @@ spec:
 
 
 def conversion_answers(kubeconfig: str | Path) -> bool:
-    """Whether the API server converts v1alpha1 through the webhook now."""
+    """Whether the API server converts v1alpha1 through the webhook now, and lists every
+    kind again (pointing the CRDs at the webhook updates them, and the API server answers
+    429 "storage is (re)initializing" to lists for a moment after a CRD update)."""
     done = run_kubectl(
         kubeconfig, "create", "--dry-run=server", "-o", "name", "-f", "-", input=_PROBE
     )
-    return done.returncode == 0
+    if done.returncode != 0:
+        return False
+    kinds = ",".join(f"{plural}.cloud.provisioner.dev" for plural in _PLURALS)
+    return run_kubectl(kubeconfig, "get", kinds, "-A", "-o", "name").returncode == 0
+
+
+_PLURALS = ("databaseinstances", "s3buckets", "queues", "topics")
 
 
 @dataclass(kw_only=True)
