@@ -4,8 +4,6 @@ drift from that answer."""
 
 from __future__ import annotations
 
-import time
-
 import botocore.exceptions
 import pytest
 
@@ -136,10 +134,17 @@ def test_resync_reads_tags_of_queues_topics_and_buckets_in_batches(
         timeout=90,
         what="two rounds of resyncs with batched tags",
     )
-    # The passes of the last batch run right after it: let them finish.
-    time.sleep(3)
     looked = {kind: after[f"{kind} batched"] - before[f"{kind} batched"] for kind in TAG_READS}
-    after = counts()
+    # The passes of the last batch run right after it: each look makes its own read.
+    after = wait_for(
+        lambda: (
+            (c := counts())
+            and all(c[f"{k} own"] - before[f"{k} own"] >= looked[k] for k in TAG_READS)
+            and c
+        ),
+        timeout=30,
+        what="every batched look's own read",
+    )
     delta = {key: after[key] - before[key] for key in after}
     print("\ncalls during two rounds of resyncs:", {k: int(v) for k, v in delta.items()})
     for kind in TAG_READS:
