@@ -130,6 +130,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         peering_name=settings.peering,
         liveness_endpoint=f"http://0.0.0.0:{settings.liveness_port}/healthz",
     )
+    # The operator's own account (GetCallerIdentity) is asked while the operator waits for
+    # the API server, not by the first resources: one STS call per process.
+    aws.ask_own_account_in_background()
     try:
         asyncio.run(_with_webhook(settings, kube, operator))
     except CrdError as exc:

@@ -11,6 +11,7 @@ requeues with a growing delay after that.
 from __future__ import annotations
 
 import functools
+import logging
 import re
 import threading
 import time
@@ -31,6 +32,7 @@ from provisioner.cloud.base import ErrorCodes
 from provisioner.cloud.budget import BudgetSettings, CallBudget
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 # How long a failed GetCallerIdentity stands before the operator's own account is asked again.
 OWN_ACCOUNT_RETRY = 30.0
 
@@ -206,6 +208,7 @@ class Aws:
         )
         self._own_account: str | None = None
         self._own_account_failure: tuple[float, errors.CloudError] | None = None
+        self._own_account_lock = threading.Lock()
 
     def _config(self, region: str) -> botocore.config.Config:
         return botocore.config.Config(
@@ -265,11 +268,36 @@ class Aws:
 
     def account_id(self, account: AccountRef | None = None) -> str:
         """The account a client acts in: the CloudAccount's, or the operator's own (asked
-        of STS once per process). Raises the CloudError of STS's answer when it does not
-        say; that answer stands for OWN_ACCOUNT_RETRY seconds, so that an endpoint without
-        STS is not asked at every pass."""
+        of STS once per process: the first caller asks, under a lock, and those that come
+        meanwhile wait for its answer). Raises the CloudError of STS's answer when it does
+        not say; that answer stands for OWN_ACCOUNT_RETRY seconds, so that an endpoint
+        without STS is not asked at every pass."""
         if account is not None:
             return account.account_id
+        if self._own_account is not None:
+            return self._own_account
+        with self._own_account_lock:
+            return self._ask_own_account(hold_failure=True)
+
+    def ask_own_account_in_background(self) -> threading.Thread:
+        """Ask for the operator's own account on a thread of its own, at start: the first
+        resources then find the answer there. A failure here is not held (an endpoint still
+        starting); the first resource that needs the account asks again."""
+
+        def ask() -> None:
+            with self._own_account_lock:
+                try:
+                    self._ask_own_account(hold_failure=False)
+                except errors.CloudError as exc:
+                    log.debug("the operator's own account is not known yet: %s", exc)
+
+        thread = threading.Thread(target=ask, name="own-account", daemon=True)
+        thread.start()
+        return thread
+
+    def _ask_own_account(self, *, hold_failure: bool) -> str:
+        """GetCallerIdentity, unless answered or failed within OWN_ACCOUNT_RETRY seconds;
+        the caller holds `_own_account_lock`."""
         if self._own_account is not None:
             return self._own_account
         failed = self._own_account_failure
@@ -277,11 +305,14 @@ class Aws:
             raise failed[1].with_traceback(None)
         try:
             sts = self.client("sts")
-            self._own_account = str(self.call(sts.get_caller_identity)["Account"])
+            own = str(self.call(sts.get_caller_identity)["Account"])
         except errors.CloudError as exc:
-            self._own_account_failure = (time.monotonic() + OWN_ACCOUNT_RETRY, exc)
+            if hold_failure:
+                self._own_account_failure = (time.monotonic() + OWN_ACCOUNT_RETRY, exc)
             raise
-        return self._own_account
+        self._own_account = own
+        self._own_account_failure = None
+        return own
 
     def partition(self, region: str) -> str:
         """The ARN partition of a region ("aws", "aws-cn", "aws-us-gov")."""
