@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +74,12 @@ class Settings:
     # The operator's own namespace (the webhook's Secret lives there); "" : the
     # ServiceAccount's namespace in a cluster, else "default".
     namespace: str = ""
+    # Sharding (provisioner/sharding.py): replicas split the resources between them. The
+    # shard's name is this replica's (the pod's name); its Lease lives in `namespace`.
+    sharding: bool = False
+    shard_name: str = ""
+    shard_lease_seconds: int = 15
+    shard_ring: str = "provisioner"
 
     @property
     def manages_accounts(self) -> bool:
@@ -118,6 +125,10 @@ class Settings:
             webhook_url=_env("PROVISIONER_WEBHOOK_URL"),
             webhook_secret=_env("PROVISIONER_WEBHOOK_SECRET", "provisioner-webhook-tls"),
             namespace=_env("PROVISIONER_NAMESPACE"),
+            sharding=_switch(_env("PROVISIONER_SHARDING")) is True,
+            shard_name=_env("PROVISIONER_SHARD_NAME") or _env("POD_NAME") or _env("HOSTNAME"),
+            shard_lease_seconds=_number("PROVISIONER_SHARD_LEASE_SECONDS", "15"),
+            shard_ring=_env("PROVISIONER_SHARD_RING", "provisioner"),
         )
 
 
@@ -203,6 +214,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--webhook-port", type=int, help="the conversion webhook's HTTPS port (default 9443)"
     )
     parser.add_argument(
+        "--sharding",
+        choices=["on", "off"],
+        help="split the resources between the replicas that run with it on (default off; "
+        "excludes --peering)",
+    )
+    parser.add_argument(
+        "--shard-name", help="this replica's shard name (default: env POD_NAME, else the host's)"
+    )
+    parser.add_argument(
+        "--shard-lease-seconds",
+        type=int,
+        help="seconds after which a silent replica's resources move to the others (default 15)",
+    )
+    parser.add_argument(
         "--eks-cluster",
         help="with --access=pod-identity: the EKS cluster's name (env PROVISIONER_EKS_CLUSTER)",
     )
@@ -235,7 +260,33 @@ def from_args(args: argparse.Namespace) -> Settings:
             "eks_cluster": args.eks_cluster,
             "webhook": None if getattr(args, "webhook", None) is None else args.webhook == "on",
             "webhook_port": getattr(args, "webhook_port", None),
+            "sharding": None if getattr(args, "sharding", None) is None else args.sharding == "on",
+            "shard_name": getattr(args, "shard_name", None),
+            "shard_lease_seconds": getattr(args, "shard_lease_seconds", None),
         }.items()
         if value is not None
     }
-    return Settings(**{**base.__dict__, **overrides})
+    settings = Settings(**{**base.__dict__, **overrides})
+    check_sharding(settings)
+    return settings
+
+
+def check_sharding(settings: Settings) -> None:
+    """Sharding's settings make sense together, or one line says which does not."""
+    if not settings.sharding:
+        return
+    if settings.peering:
+        raise ConfigError(
+            "--sharding=on and --peering exclude each other: sharded replicas are all active"
+        )
+    if any(ch in pattern for pattern in settings.namespaces for ch in "*?!,"):
+        raise ConfigError("--sharding=on needs exact --namespace names, not patterns")
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?", settings.shard_name):
+        raise ConfigError(
+            f"shard name {settings.shard_name!r} must be 1-63 lower-case letters, digits, '-' "
+            "or '.', starting and ending with a letter or digit (--shard-name or env POD_NAME)"
+        )
+    if settings.shard_lease_seconds < 3:
+        raise ConfigError(
+            f"--shard-lease-seconds={settings.shard_lease_seconds}: at least 3 seconds"
+        )

@@ -66,10 +66,11 @@ class Kube:
         *,
         content_type: str = "application/json",
         query: list[tuple[str, str]] | None = None,
+        accept: str = "application/json",
     ) -> dict[str, Any] | None:
         """Returns the decoded response; None for a 404."""
         url = self.creds.server + path + (f"?{urlencode(query)}" if query else "")
-        headers = {"Content-Type": content_type, "Accept": "application/json"}
+        headers = {"Content-Type": content_type, "Accept": accept}
         headers.update(self.creds.headers())
         payload = json.dumps(body).encode() if body is not None else None
         try:

@@ -38,13 +38,14 @@ from provisioner import (
     conversion,
     kubelogin,
     metrics,
+    sharding,
 )
 from provisioner import conditions as cond
 from provisioner.cloud import errors
 from provisioner.cloud.aws import Aws
 from provisioner.config import Settings
 from provisioner.kinds import KINDS
-from provisioner.kube import Kube
+from provisioner.kube import Kube, KubeError
 from provisioner.leaks import custom_resources
 from provisioner.models import Resource
 from provisioner.reconcile import Event, Reconciler, Result
@@ -89,14 +90,38 @@ class HubDiffBaseStorage(kopf.StatusDiffBaseStorage):
 
     One stored by an operator that watched v1alpha1 spells fields the old way; compared
     as it is with a v1beta1 body, every resource would look changed after an upgrade.
+    The sharding labels are no part of it: a resource handed to another replica is resumed
+    there, not taken for changed.
     """
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return _without_shard_labels(super().build(body=body, extra_fields=extra_fields))
 
     def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
         essence = super().fetch(body=body)
         if essence is None:
             return None
         converted = conversion.essence_to_hub(essence, str(body.get("kind", "")))
-        return cast(kopf.BodyEssence, converted)
+        return _without_shard_labels(cast(kopf.BodyEssence, converted))
+
+
+def _without_shard_labels(essence: kopf.BodyEssence) -> kopf.BodyEssence:
+    meta: Mapping[str, Any] = essence.get("metadata") or {}
+    labels = meta.get("labels")
+    if not labels or not (sharding.SHARD_LABEL in labels or sharding.DRAIN_LABEL in labels):
+        return essence
+    plain_essence = dict(essence)
+    kept = {
+        k: v for k, v in labels.items() if k not in (sharding.SHARD_LABEL, sharding.DRAIN_LABEL)
+    }
+    new_meta = {k: v for k, v in meta.items() if k != "labels"}
+    if kept:
+        new_meta["labels"] = kept
+    if new_meta:
+        plain_essence["metadata"] = new_meta
+    else:
+        plain_essence.pop("metadata", None)
+    return cast(kopf.BodyEssence, plain_essence)
 
 
 def configure_kopf(
@@ -134,6 +159,12 @@ def configure_kopf(
         kopf_settings.peering.priority = priority or 0
     else:
         kopf_settings.peering.standalone = True
+    if settings.sharding:
+        # Each replica sees only the resources labelled with its shard (server side).
+        for kind in KINDS:
+            kopf_settings.watching.label_selectors[GROUP, kind.plural] = (
+                f"{sharding.SHARD_LABEL}={settings.shard_name}"
+            )
 
 
 def account_directory(kube: Kube) -> accounts.Directory:
@@ -280,13 +311,37 @@ def register(
         if priority is None:
             priority = random.randint(1, 2**30)
 
+    shards = None
+    if settings.sharding:
+        namespace = settings.namespace or reconciler.kube.creds.namespace or "default"
+        shards = sharding.Shards(
+            reconciler.kube,
+            namespace,
+            settings.shard_ring,
+            settings.shard_name,
+            settings.shard_lease_seconds,
+            namespaces=settings.namespaces,
+        )
+
+    def handed_over(body: Any) -> bool:
+        """A resource being drained (or no longer this replica's) is left alone."""
+        if shards is None:
+            return False
+        labels = (body.get("metadata") or {}).get("labels") or {}
+        return not sharding.owns(labels, settings.shard_name)
+
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure_kopf(settings, reconciler.settings, priority)
         await wait_for_api(reconciler)
+        if shards is not None:
+            await shards.wait_member()
+            shards.start()
         scheduler.start()
 
     async def cleanup(**_: Any) -> None:
         await scheduler.stop()
+        if shards is not None:
+            await shards.stop()
 
     async def login(**_: Any) -> kopf.AiohttpSession:
         creds = await asyncio.to_thread(kubelogin.login)
@@ -295,6 +350,8 @@ def register(
     async def on_change(
         body: Any, old: Any, patch: kopf.Patch, retry: int, reason: Any = None, **_: Any
     ) -> None:
+        if handed_over(body):
+            raise kopf.TemporaryError("handed over to another replica", delay=60)
         raw, started = plain(body), time.monotonic()
         if reason == kopf.Reason.RESUME and retry == 0 and scheduler.calm_resume:
             # A restart: a resource at rest waits for its resync, spread over one period.
@@ -324,6 +381,8 @@ def register(
             raise kopf.TemporaryError(result.retry_message, delay=result.requeue_after)
 
     async def on_delete(body: Any, patch: kopf.Patch, retry: int, **_: Any) -> None:
+        if handed_over(body):
+            raise kopf.TemporaryError("handed over to another replica", delay=60)
         raw, started = plain(body), time.monotonic()
         result, resource = outcome = await reconciler.finalize(raw, retry)
         if status := _report(reconciler, raw, outcome, started):
@@ -348,7 +407,53 @@ def register(
                 status,
             )
 
-    scheduler = ResyncScheduler(reconciler, settings, on_resync, priority)
+    async def on_drain(type: str | None, body: Any, **_: Any) -> None:
+        """The sharder moves this resource to another replica: once no pass of it is in
+        flight (its lock) and its resync is forgotten, give it up (both labels removed)."""
+        meta = body.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        if shards is None or type == "DELETED" or sharding.DRAIN_LABEL not in labels:
+            return
+        if labels.get(sharding.SHARD_LABEL) != settings.shard_name:
+            return
+        uid, kind = str(meta["uid"]), str(body.get("kind", ""))
+        loop, delay = asyncio.get_running_loop(), 0.5
+        plural = next(k.plural for k in KINDS if k.kind == kind)
+        while True:
+            async with reconciler.locks[uid]:
+                scheduler.untrack(uid)
+                try:
+                    await loop.run_in_executor(
+                        shards.executor,
+                        shards.release,
+                        plural,
+                        meta["namespace"],
+                        meta["name"],
+                        uid,
+                    )
+                    break
+                except KubeError as exc:
+                    if exc.status in (404, 409):
+                        break  # gone, or not the same object any more
+                    log.warning(
+                        "handing over %s %s/%s: %s", kind, meta["namespace"], meta["name"], exc
+                    )
+                except Exception as exc:  # noqa: BLE001 - tried again below
+                    log.warning(
+                        "handing over %s %s/%s: %s", kind, meta["namespace"], meta["name"], exc
+                    )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
+        reconciler.forget(uid)
+        metrics.CONDITIONS.forget(uid)
+        log.info("%s %s/%s handed over to another replica", kind, meta["namespace"], meta["name"])
+
+    def owned(body: Mapping[str, Any]) -> bool:
+        return not handed_over(body)
+
+    scheduler = ResyncScheduler(
+        reconciler, settings, on_resync, priority, owns=owned if shards is not None else None
+    )
     if reconciler.directory is not None:
         _register_accounts(registry, reconciler, settings, scheduler, aws)
 
@@ -362,6 +467,8 @@ def register(
         kopf.on.create(GROUP, VERSION, plural, id="reconcile", **kw)(on_change)
         kopf.on.update(GROUP, VERSION, plural, id="reconcile", **kw)(on_change)
         kopf.on.delete(GROUP, VERSION, plural, id="finalize", **kw)(on_delete)
+        if shards is not None:
+            kopf.on.event(GROUP, VERSION, plural, id="handover", **kw)(on_drain)
 
 
 ACCOUNT_WATCH, NAMESPACE_WATCH = "cloudaccount-watch", "namespace-watch"

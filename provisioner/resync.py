@@ -53,12 +53,15 @@ class ResyncScheduler:
         settings: Settings,
         report: Callable[[Mapping[str, Any], tuple[Result, Resource], float], Awaitable[None]],
         peering_priority: int | None,
+        owns: Callable[[Mapping[str, Any]], bool] | None = None,
     ) -> None:
         self.reconciler = reconciler
         self.settings = settings
         # Events, metrics and the status patch of one resync pass (run inside its lock).
         self.report = report
         self.peering_priority = peering_priority
+        # Under sharding: whether a body is still this replica's to act on.
+        self.owns = owns
         # uid -> (monotonic due time, kind, namespace, name, region, cloud name, account).
         self.due: dict[str, tuple[float, str, str, str, str, str, Any]] = {}
         # uid -> monotonic time of a recheck asked for (`recheck`).
@@ -274,6 +277,9 @@ class ResyncScheduler:
                 )
                 if body is None or body.get("metadata", {}).get("uid") != uid:
                     self.untrack(uid)
+                    return None
+                if self.owns is not None and not self.owns(body):
+                    self.untrack(uid)  # handed over to another replica
                     return None
                 body.setdefault("kind", kind)
                 return body

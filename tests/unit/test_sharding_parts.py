@@ -1,0 +1,107 @@
+"""Sharding's pure parts: the consistent-hash ring, the Lease clock, the settings checks, and
+kopf's last-handled configuration without the shard labels."""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+
+import pytest
+
+from provisioner import config, sharding
+from provisioner.operator import _without_shard_labels
+
+KEYS = [sharding.key("Queue", f"ns-{i % 7}", f"q-{i}") for i in range(3000)]
+
+
+def test_ring_spreads_keys_roughly_evenly():
+    ring = sharding.Ring(["a", "b", "c"])
+    spread = Counter(ring.owner(k) for k in KEYS)
+    assert set(spread) == {"a", "b", "c"}
+    assert max(spread.values()) / min(spread.values()) < 1.5, spread
+
+
+def test_ring_moves_only_the_joiners_share():
+    before = sharding.Ring(["a", "b", "c"])
+    after = sharding.Ring(["a", "b", "c", "d"])
+    moved = [k for k in KEYS if before.owner(k) != after.owner(k)]
+    # Only keys that now belong to the newcomer move, about a quarter of them.
+    assert all(after.owner(k) == "d" for k in moved)
+    assert 0.15 < len(moved) / len(KEYS) < 0.35
+
+
+def test_ring_moves_only_the_leavers_keys():
+    before = sharding.Ring(["a", "b", "c"])
+    after = sharding.Ring(["a", "b"])
+    moved = [k for k in KEYS if before.owner(k) != after.owner(k)]
+    assert all(before.owner(k) == "c" for k in moved)
+    assert all(after.owner(k) == before.owner(k) for k in KEYS if before.owner(k) != "c")
+
+
+def test_ring_is_the_same_in_every_process():
+    # sha256, not Python's salted hash(): two replicas must agree on every owner.
+    assert sharding.Ring(["x", "y"]).owner("Queue/default/q") == sharding.Ring(["y", "x"]).owner(
+        "Queue/default/q"
+    )
+    assert sharding.Ring([]).owner("anything") is None
+
+
+def test_owns_needs_the_shard_label_and_no_drain():
+    assert sharding.owns({sharding.SHARD_LABEL: "a"}, "a")
+    assert not sharding.owns({sharding.SHARD_LABEL: "b"}, "a")
+    assert not sharding.owns({sharding.SHARD_LABEL: "a", sharding.DRAIN_LABEL: "true"}, "a")
+    assert not sharding.owns(None, "a")
+
+
+def test_lease_clock_counts_from_when_a_renewal_was_seen():
+    clock = sharding.LeaseClock()
+    assert clock.observe("l", "t1", 100.0) == 100.0
+    assert clock.observe("l", "t1", 130.0) == 100.0  # unchanged: first seen at 100
+    assert clock.observe("l", "t2", 131.0) == 131.0  # renewed
+    clock.forget_except([])
+    assert clock.observe("l", "t2", 200.0) == 200.0
+
+
+def parse(*argv: str) -> config.Settings:
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser)
+    return config.from_args(parser.parse_args(list(argv)))
+
+
+def test_sharding_settings(monkeypatch):
+    monkeypatch.setenv("POD_NAME", "provisioner-7d9f-abcde")
+    settings = parse("--sharding=on")
+    assert settings.sharding and settings.shard_name == "provisioner-7d9f-abcde"
+    assert parse("--sharding=on", "--shard-name=x1").shard_name == "x1"
+    assert not parse().sharding
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--sharding=on", "--peering=p"], "exclude each other"),
+        (["--sharding=on", "--namespace=team-*"], "exact --namespace names"),
+        (["--sharding=on", "--shard-name=Upper"], "shard name 'Upper'"),
+        (["--sharding=on", "--shard-name=-x"], "shard name '-x'"),
+        (["--sharding=on", "--shard-name=a", "--shard-lease-seconds=2"], "at least 3"),
+    ],
+)
+def test_sharding_settings_refused_in_one_line(argv, message):
+    with pytest.raises(config.ConfigError, match=message) as info:
+        parse(*argv)
+    assert "\n" not in str(info.value)
+
+
+def test_last_handled_configuration_leaves_out_the_shard_labels():
+    essence = {
+        "spec": {"a": 1},
+        "metadata": {"labels": {sharding.SHARD_LABEL: "a", sharding.DRAIN_LABEL: "true"}},
+    }
+    assert _without_shard_labels(essence) == {"spec": {"a": 1}}
+    kept = {"spec": {}, "metadata": {"labels": {"team": "x", sharding.SHARD_LABEL: "b"}}}
+    assert _without_shard_labels(kept) == {
+        "spec": {},
+        "metadata": {"labels": {"team": "x"}},
+    }
+    untouched = {"spec": {}, "metadata": {"labels": {"team": "x"}}}
+    assert _without_shard_labels(untouched) is untouched
