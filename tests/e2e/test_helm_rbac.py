@@ -749,3 +749,80 @@ def test_the_release_installs_keeps_and_hands_over_its_crds(bare_cluster, tmp_pa
             "second-provisioner-webhook",
         )
     kube.kubectl("get", "service", "second-provisioner-webhook", "-n", "second-system")
+
+
+def test_sharded_replicas_run_on_the_chart_permissions_alone(kube, aws, helm, tmp_path):
+    """sharding.enabled: two replicas with the release's token (namespaced) hold their Leases,
+    split two queues' worth of work and delete them, with no 403 anywhere in their logs."""
+    s = suffix()
+    own = f"own-{s}"
+    kube.kubectl("create", "namespace", own)
+    release = install(
+        kube,
+        helm,
+        f"sh-{s}",
+        f"prov-sh-{s}",
+        f"watchNamespaces={{{own}}}",
+        f"clusterId={own}",
+        "sharding.enabled=true",
+    )
+    kubeconfig = kube.token_kubeconfig(
+        release.service_account, release.token, tmp_path / "sh.kubeconfig", namespace=own
+    )
+    logs = [kube.dir / f"operator-{own}-{i}.log" for i in range(2)]
+    ops = [
+        OperatorProcess(
+            kubeconfig=str(kubeconfig),
+            endpoint_url=kube.moto.url,
+            log=log,
+            # As the chart's Deployment runs them with sharding (its webhook off, as above).
+            extra_args=[f"--namespace={own}", "--sharding=on", "--resync-seconds=4"],
+            extra_env={
+                "PROVISIONER_CLUSTER_ID": own,
+                "PROVISIONER_SHARD_NAME": f"pod-{i}",
+                "PROVISIONER_SHARD_RING": release.name,
+                "PROVISIONER_NAMESPACE": release.namespace,
+                "PROVISIONER_WEBHOOK": "off",
+            },
+        )
+        for i, log in enumerate(logs)
+    ]
+    try:
+        for op in ops:
+            op.start()
+        names = [f"q{i}" for i in range(6)]
+        apply(
+            kube,
+            own,
+            "".join(
+                f"---\napiVersion: cloud.provisioner.dev/v1beta1\nkind: Queue\n"
+                f"metadata:\n  name: {n}\nspec: {{}}\n"
+                for n in names
+            ),
+        )
+        shards = {
+            wait_ready(kube, "queue", own, n, timeout=90)["metadata"]["labels"][
+                "sharding.cloud.provisioner.dev/shard"
+            ]
+            for n in names
+        }
+        assert shards <= {"pod-0", "pod-1"}, shards
+        leases = json.loads(
+            kube.kubectl("get", "leases", "-n", release.namespace, "-o", "json").stdout
+        )
+        assert {"pod-0", "pod-1"} <= {i["spec"]["holderIdentity"] for i in leases["items"]}
+        kube.kubectl("delete", "queues", "--all", "-n", own, "--wait=false")
+        for n in names:
+            wait_gone(kube, "queue", own, n, timeout=90)
+    finally:
+        for op in ops:
+            op.stop()
+        uninstall(kube, helm, release)
+        kube.kubectl("delete", "namespace", own, "--wait=false", check=False)
+    for log in logs:
+        refused = [
+            line
+            for line in log.read_text(errors="replace").splitlines()
+            if REFUSED.search(LOG_PREFIX.sub("", line, count=1))
+        ]
+        assert not refused, f"refused in {log}: {refused[:3]}"

@@ -638,3 +638,39 @@ def test_policies_read_v1beta1_and_convert_v1alpha1_requests_first(helm):
         assert "allocatedStorageGiB" not in text and "writeConnectionSecretToRef" not in text
     (databases,) = [p for p in policies if p["metadata"]["name"] == "provisioner-databases"]
     assert "storage.?sizeGiB" in yaml.safe_dump(databases["spec"]["validations"])
+
+
+def test_sharding_makes_every_replica_act_on_its_share(helm):
+    docs = render(helm, "sharding.enabled=true", "replicas=3")
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert "--sharding=on" in container["args"]
+    assert "--shard-lease-seconds=15" in container["args"]
+    assert not any(a.startswith("--peering") for a in container["args"])
+    env = {e["name"]: e for e in container["env"]}
+    assert env["PROVISIONER_SHARD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["AWS_SDK_UA_APP_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["PROVISIONER_SHARD_RING"]["value"] == "provisioner"
+    # No kopf peering; several pods still roll one at a time under a disruption budget.
+    assert not [d for d in docs if "Peering" in d["kind"]]
+    assert not [r for r in rules(docs) if r["apiGroups"] == ["kopf.dev"]]
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert [d["kind"] for d in docs if d["kind"] == "PodDisruptionBudget"] == [
+        "PodDisruptionBudget"
+    ]
+    # Leases of the release namespace, nothing else.
+    (role,) = [
+        d for d in docs if d["kind"] == "Role" and d["metadata"]["name"].endswith("-sharding")
+    ]
+    assert role["metadata"]["namespace"] == "ops"
+    assert role["rules"] == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "verbs": ["get", "list", "create", "update", "delete"],
+        }
+    ]
+    off = render(helm)
+    assert not [d for d in off if d["metadata"]["name"].endswith("-sharding")]
+    (deployment,) = [d for d in off if d["kind"] == "Deployment"]
+    assert "--sharding=on" not in deployment["spec"]["template"]["spec"]["containers"][0]["args"]

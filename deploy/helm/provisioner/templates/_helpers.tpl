@@ -58,8 +58,13 @@ The CRDs whose conversion the operator keeps pointed at its webhook (its namespa
 {{- join ", " $names }}
 {{- end }}
 
-{{/* kopf peering is on with more than one replica ("true" or ""). */}}
+{{/* kopf peering is on with more than one replica, unless sharded ("true" or ""). */}}
 {{- define "provisioner.peering" -}}
+{{- if and (gt (int .Values.replicas) 1) (not .Values.sharding.enabled) }}true{{ end }}
+{{- end }}
+
+{{/* Several operator pods at once (peering or sharding): rolling updates and a PDB. */}}
+{{- define "provisioner.several" -}}
 {{- if gt (int .Values.replicas) 1 }}true{{ end }}
 {{- end }}
 
