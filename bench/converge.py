@@ -128,6 +128,17 @@ def parse_args(argv: list[str] | None) -> Options:
         help="cpu: threads py-spy sees as active (default); gil: only the thread holding the "
         "GIL (Python CPU time); wall: every thread, waiting ones too",
     )
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="operator replicas, sharded (--sharding=on) when more than one (default 1)",
+    )
+    p.add_argument(
+        "--sharding",
+        action="store_true",
+        help="run the operator(s) with --sharding=on, also a single one",
+    )
     p.add_argument("--workdir", type=Path, help="logs and data here (default: a temp dir)")
     p.add_argument(
         "--cloud-profile",
@@ -142,6 +153,11 @@ def parse_args(argv: list[str] | None) -> Options:
         p.error("--n and --namespaces must be >= 1")
     if a.accounts < 0 or (a.accounts and a.changes):
         p.error("--accounts needs --changes 0 (changes are checked in the operator's account)")
+    if a.replicas < 1:
+        p.error("--replicas must be >= 1")
+    if (a.replicas > 1 or a.sharding) and a.restart:
+        p.error("--replicas/--sharding need --restart 0 (the restart phase restarts one operator)")
+    a.sharding = a.sharding or a.replicas > 1
     parse_cloud_profile(a.cloud_profile, a.time_scale, a.duration, a.throttle)
     # Every option's dest is a field of Options.
     return Options(**{**vars(a), "py_spy": a.py_spy.resolve() if a.py_spy else None})
@@ -155,6 +171,21 @@ def parse_cloud_profile(
         return requested_profile(name, time_scale, durations, throttles)
     except ProfileError as exc:
         raise SystemExit(f"bench/converge.py: {exc}") from None
+
+
+def replica_runs(opts: Options) -> list[tuple[list[str], dict[str, str], str]]:
+    """(args, env, log file) of each operator process: one, or --replicas sharded ones, each
+    naming itself in its AWS calls' user agent (app/<shard>: the recording tells them apart)."""
+    if not opts.sharding:
+        return [(opts.operator_args, {}, "operator.log")]
+    return [
+        (
+            [*opts.operator_args, "--sharding=on", f"--shard-name=r{i}"],
+            {"PROVISIONER_NAMESPACE": "default", "AWS_SDK_UA_APP_ID": f"r{i}"},
+            f"operator-r{i}.log",
+        )
+        for i in range(opts.replicas)
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -186,7 +217,13 @@ def main(argv: list[str] | None = None) -> int:
         log(f"operator source {source['sha256']} (newest file: {newest})")
         started = time.monotonic()
         stack.start()
-        stack.start_operator(args=opts.operator_args, cluster_id="bench")
+        for args, extra_env, log_name in replica_runs(opts):
+            stack.start_operator(
+                args=args,
+                env=extra_env,
+                cluster_id="bench",
+                log=(stack.log_dir or stack.dir) / log_name,
+            )
         setup_seconds = time.monotonic() - started
         log(f"up in {setup_seconds:.1f}s; pids {stack.pids()}")
         api = KubeJson(stack.kubeconfig, pool_size=max(32, opts.create_workers))

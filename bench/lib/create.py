@@ -249,6 +249,9 @@ def phase(b: Bench) -> bool:
         }
         for cr in created
     ]
+    if b.o.sharding:
+        b.results["calls_by_replica_to_ready"] = aws.get("by_app", {})
+        b.results["shards_at_ready"] = b.shard_counts()
     b.results["events_by_reason"] = b.events_by_reason()
     b.results["cpu_create_to_ready"] = b.cpu_between("create", "ready")
     if all_ready_seen is None:

@@ -55,6 +55,8 @@ class Recording:
         the HTTP status codes moto answered (its access log: every client, bench included)."""
         by_action: Counter[str] = Counter()
         by_service: Counter[str] = Counter()
+        # By the app id in the user agent (app/<id>): sharded replicas name themselves there.
+        by_app: Counter[str] = Counter()
         codes: Counter[str] = Counter()
         bench = 0
         for line in self._read(self.access_log, start_mark[1], end_mark[1]).splitlines():
@@ -70,6 +72,12 @@ class Recording:
             if BENCH_USER_AGENT in headers.get("user-agent", ""):
                 bench += 1
                 continue
+            app = next(
+                (p[4:] for p in headers.get("user-agent", "").split() if p.startswith("app/")),
+                None,
+            )
+            if app:
+                by_app[app] += 1
             service, action = self.classify(entry, headers)
             by_service[service] += 1
             by_action[f"{service}:{action}"] += 1
@@ -77,6 +85,7 @@ class Recording:
             "operator_total": sum(by_service.values()),
             "by_service": dict(sorted(by_service.items())),
             "by_action": dict(by_action.most_common()),
+            "by_app": dict(sorted(by_app.items())),
             "bench_requests": bench,
             "moto_status_codes": dict(sorted(codes.items())),
         }

@@ -213,6 +213,15 @@ def _operator_args(doc: Doc) -> str:
     return " ".join(doc["opts"]["operator_args"]) or "(defaults)"
 
 
+def _replicas(doc: Doc) -> str:
+    """Per sharded replica: CRs held at all Ready, AWS calls to Ready, peak RSS, CPU s."""
+    return "; ".join(
+        f"{r['shard']}: {r['crs']} CRs, {r['aws_calls_to_ready']} calls, "
+        f"{r['peak_rss_mb']} MB, {r['cpu_seconds']} CPU s"
+        for r in doc.get("replicas") or []
+    )
+
+
 _kind_counts = "/".join(f"{{kinds.{k.kind}}}" for k in KINDS)
 _left = "/".join(f"{{cloud_resources_left.{k.left_key}}}" for k in KINDS)
 _per_cr = "writes_to_ready.per_cr"
@@ -223,6 +232,11 @@ ROWS: tuple[Row, ...] = (
     Row("namespaces", template("{opts.namespaces}")),
     Row("operator source (sha256 of provisioner/, crds/)", template("{source.sha256}")),
     Row("operator args", _operator_args),
+    Row(
+        "sharded replicas ({opts.replicas})",
+        _replicas,
+        when=lambda doc: bool(doc["opts"].get("sharding")),
+    ),
     Row(
         "machine: CPUs, load avg 1m (start/Ready)",
         template("{cpus}, {loadavg_1m.create} / {loadavg_1m.ready}"),

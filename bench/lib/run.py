@@ -59,6 +59,9 @@ class Options:
     time_scale: str | None = None
     duration: list[str] = field(default_factory=list)
     throttle: list[str] = field(default_factory=list)
+    # Operator processes, sharded (--sharding=on) when more than one or `sharding`.
+    replicas: int = 1
+    sharding: bool = False
 
 
 class Bench:
@@ -251,6 +254,35 @@ class Bench:
             for i in items
         ]
 
+    def shard_counts(self) -> dict[str, int]:
+        """The bench's CRs by the shard label the sharder gave them."""
+        found: Counter[str] = Counter()
+        for plural in sorted({cr.plural for cr in self.crs}):
+            for item in self.api.list_items(f"/apis/{API_VERSION}/{plural}"):
+                labels = item["metadata"].get("labels") or {}
+                found[labels.get(f"sharding.{GROUP}/shard", "")] += 1
+        return dict(sorted(found.items()))
+
+    def replica_figures(self) -> list[dict[str, Any]]:
+        """Per sharded replica: its resources at the end of the create phase (the shard
+        label), its AWS calls to Ready (moto's recording, by user agent), peak RSS, CPU."""
+        pids = {p: pid for p, pid in self.stack.pids().items() if p.startswith("operator")}
+        rows = []
+        for i, (name, pid) in enumerate(sorted(pids.items(), key=lambda kv: kv[1])):
+            shard = f"r{i}"
+            rows.append(
+                {
+                    "shard": shard,
+                    "crs": self.results.get("shards_at_ready", {}).get(shard, 0),
+                    "aws_calls_to_ready": self.results.get("calls_by_replica_to_ready", {}).get(
+                        shard, 0
+                    ),
+                    "peak_rss_mb": rounded((proc_status_kib(pid, "VmHWM") or 0) / 1024, 1),
+                    "cpu_seconds": rounded(self.cpu_marks["end"].get(name), 2),
+                }
+            )
+        return rows
+
     def cloud_left(self) -> dict[str, int]:
         by_kind = Counter(r.kind for c in [self.cloud, *self.account_clouds] for r in inventory(c))
         snapshots = 0
@@ -286,6 +318,8 @@ class Bench:
             "sampled_max_rss_kib": self.rss_max_kib,
             "cpu_seconds": rounded(self.cpu_marks["end"].get("operator"), 2),
         }
+        if self.o.sharding:
+            self.results["replicas"] = self.replica_figures()
         self.results["cpu_seconds_total"] = {
             k: round(v, 2) for k, v in self.cpu_marks["end"].items()
         }
