@@ -281,7 +281,9 @@ class Shards:
             while True:
                 query = [("limit", "500")]
                 if selector:
-                    query.append(("labelSelector", selector))
+                    # The unassigned, polled every second: from the API server's cache (a
+                    # stale answer costs a 409 on the patch, never a wrong label).
+                    query = [("labelSelector", selector), ("resourceVersion", "0")]
                 if token:
                     query.append(("continue", token))
                 page = self.kube.request("GET", base, query=query, accept=METADATA_LIST) or {}
