@@ -20,13 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import boto3
 import botocore.config
 import botocore.exceptions
 import tenacity
 from botocore.parsers import ResponseParserError
 
-from provisioner.cloud import errors
+from provisioner.cloud import botodata, errors
 from provisioner.cloud.assume import AccountRef, AssumedSessions
 from provisioner.cloud.base import ErrorCodes
 from provisioner.cloud.budget import BudgetSettings, CallBudget
@@ -198,7 +197,8 @@ class Aws:
     def __init__(self, settings: AwsSettings, codes: ErrorCodes = SHARED_CODES) -> None:
         self.settings = settings
         self.codes = codes
-        self._session = boto3.session.Session()
+        # botocore's endpoint table and S3's model, pruned (provisioner/cloud/botodata.py).
+        self._session = botodata.session()
         self._lock = threading.Lock()
         # (service, region, account name, access key of its session) -> client.
         self._clients: dict[tuple[str, str, str, str], Any] = {}
