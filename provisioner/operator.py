@@ -298,6 +298,21 @@ def _report(
     return reconciler.status_patch(resource, result)
 
 
+async def _cloud_calls_done(reconciler: Reconciler, timeout: float) -> bool:
+    """Wait (at most `timeout` seconds) until no cloud call runs on the reconciler's threads;
+    no new one starts after this."""
+
+    def drain() -> None:
+        for executor in (reconciler.executor, reconciler.look_executor):
+            executor.shutdown(wait=True, cancel_futures=True)
+
+    try:
+        await asyncio.wait_for(asyncio.to_thread(drain), timeout)
+    except TimeoutError:
+        return False
+    return True
+
+
 def register(
     registry: kopf.OperatorRegistry,
     reconciler: Reconciler,
@@ -341,7 +356,9 @@ def register(
     async def cleanup(**_: Any) -> None:
         await scheduler.stop()
         if shards is not None:
-            await shards.stop()
+            # kopf's handlers are done by now; a cancelled resync may still have a cloud call
+            # on a thread. Leave the ring at once only when none has.
+            await shards.stop(leave=await _cloud_calls_done(reconciler, 20.0))
 
     async def login(**_: Any) -> kopf.AiohttpSession:
         creds = await asyncio.to_thread(kubelogin.login)

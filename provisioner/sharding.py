@@ -127,7 +127,9 @@ class Shards:
         self.deadline = lease_seconds * 2 / 3
         self.fence = fence or _exit
         self.namespaces = namespaces or []
-        # Lease renewals must never wait behind cloud calls: threads of their own.
+        # The Lease's renewals must never wait behind anything: a thread of their own. The
+        # sharder's rounds and the hand-overs' label patches share two more.
+        self.renewer = ThreadPoolExecutor(1, thread_name_prefix="shard-lease")
         self.executor = ThreadPoolExecutor(2, thread_name_prefix="sharding")
         self.clock = LeaseClock()
         self.renewed_at: float | None = None  # monotonic time the last good renewal was sent
@@ -189,7 +191,7 @@ class Shards:
         while True:
             sent = time.monotonic()
             try:
-                await loop.run_in_executor(self.executor, self.renew_membership)
+                await loop.run_in_executor(self.renewer, self.renew_membership)
                 self.renewed_at = sent
             except Exception as exc:  # noqa: BLE001 - tried again; the watchdog decides
                 log.warning("renewing the shard Lease %s failed: %s", self.lease_name, exc)
@@ -215,7 +217,7 @@ class Shards:
         while True:
             sent = time.monotonic()
             try:
-                await loop.run_in_executor(self.executor, self.renew_membership)
+                await loop.run_in_executor(self.renewer, self.renew_membership)
                 self.renewed_at = sent
                 return
             except Exception as exc:  # noqa: BLE001 - the API server is not answering yet
@@ -320,6 +322,8 @@ class Shards:
                     owners[current] = owners.get(current, 0) + 1
                 if current == wanted or (current in alive and DRAIN_LABEL in labels):
                     continue
+                if time.monotonic() > self.leading_until:
+                    return counts  # the sharder Lease is due for renewal: the next round goes on
                 if current in alive:
                     if self._label(kind.plural, meta, {DRAIN_LABEL: "true"}):
                         counts["drained"] += 1
@@ -387,19 +391,29 @@ class Shards:
         ):
             self._tasks.append(loop.create_task(coro, name=name))
 
-    async def stop(self) -> None:
+    async def stop(self, leave: bool = True) -> None:
+        """Stop renewing. `leave` (nothing of this replica's is in flight any more): delete
+        the Lease, so that the sharder moves this replica's resources at once; otherwise
+        they move when it expires."""
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
-        # Leaving: the Lease goes, so the sharder moves this replica's resources at once.
-        try:
-            await asyncio.get_running_loop().run_in_executor(
-                self.executor, self.kube.request, "DELETE", self._leases(self.lease_name)
+        if leave:
+            try:
+                await asyncio.get_running_loop().run_in_executor(
+                    self.renewer, self.kube.request, "DELETE", self._leases(self.lease_name)
+                )
+                log.info("left the shard ring: Lease %s deleted", self.lease_name)
+            except Exception as exc:  # noqa: BLE001 - it expires instead
+                log.warning("deleting the shard Lease %s failed: %s", self.lease_name, exc)
+        else:
+            log.warning(
+                "cloud calls still in flight: the shard Lease %s is left to expire",
+                self.lease_name,
             )
-        except Exception as exc:  # noqa: BLE001 - it expires instead
-            log.warning("deleting the shard Lease %s failed: %s", self.lease_name, exc)
         self.executor.shutdown(wait=False)
+        self.renewer.shutdown(wait=False)
 
 
 def _exit(message: str) -> None:

@@ -157,6 +157,22 @@ def test_replicas_split_resources_and_hand_them_over(kube, aws, own_namespace, s
     )
     assert attrs["Attributes"]["VisibilityTimeout"] == "42"
 
+    # A replica that stops gracefully leaves the ring at once (its Lease deleted), and the
+    # others take its queues without waiting for it to expire.
+    replicas["a"].stop()
+    lease = kube.kubectl(
+        "get", "lease", f"{ring}-shard-a", "-n", own_namespace, "-o", "name", check=False
+    )
+    assert lease.returncode != 0 and "NotFound" in lease.stderr, lease.stdout
+    wait_for(
+        lambda: (
+            "a" not in owners(kube, own_namespace).values()
+            and "" not in owners(kube, own_namespace).values()
+        ),
+        timeout=60,
+        what="the stopped replica's queues to move",
+    )
+
     # Everything deleted: by whichever replica holds each; nothing left in the cloud.
     kube.kubectl("delete", "queues", "--all", "-n", own_namespace, "--wait=false")
     for name in names:
@@ -165,8 +181,10 @@ def test_replicas_split_resources_and_hand_them_over(kube, aws, own_namespace, s
     assert not [u for u in left if u.rstrip("/").rpartition("/")[2] in cloud.values()]
 
     # Since the kill, per resource: the replicas took turns, none came back to act again
-    # after another had started (c's calls, if any, all came before its kill).
+    # after another had started (c's calls, if any, all came before its kill; a's before
+    # it stopped, so every deletion was made by b or d).
     for name, sequence in calls_by_replica(kube, list(cloud.values()), start=mark).items():
         order = turns(sequence)
         assert len(order) == len(set(order)), (name, sequence)
         assert "c" not in order, (name, sequence)
+        assert order and order[-1] in ("b", "d"), (name, sequence)  # deleted by those left
