@@ -134,6 +134,7 @@ class Shards:
         self.clock = LeaseClock()
         self.renewed_at: float | None = None  # monotonic time the last good renewal was sent
         self.leading_until = 0.0
+        self.led_at: float | None = None  # monotonic time the sharder Lease was last renewed
         self.members: frozenset[str] = frozenset()
         self.owners: dict[str, int] = {}  # member -> resources labelled with it (full rounds)
         self.next_full = 0.0
@@ -229,6 +230,8 @@ class Shards:
 
     def lead(self, now: float) -> bool:
         """Acquire or renew the sharder Lease; whether this replica is the sharder now."""
+        if self.led_at is not None and now - self.led_at < self.renew_seconds:
+            return True  # renewed a moment ago
         name = self.sharder_lease
         existing = self.kube.request("GET", self._leases(name))
         spec = (existing or {}).get("spec") or {}
@@ -237,6 +240,7 @@ class Shards:
             first_seen = self.clock.observe(name, str(spec.get("renewTime")), now)
             duration = float(spec.get("leaseDurationSeconds") or self.lease_seconds)
             if now - first_seen < duration:
+                self.led_at = None
                 return False  # another replica leads, alive as far as this one has seen
         body = self._lease_body(name, existing)
         if existing is None:
@@ -245,6 +249,7 @@ class Shards:
             self.kube.request("PUT", self._leases(name), body)  # 409 if another won meanwhile
         if holder != self.shard:
             log.info("this replica (%s) is now the sharder", self.shard)
+        self.led_at = now
         return True
 
     def live_members(self, now: float) -> tuple[frozenset[str], set[str], dict[str, str]]:
@@ -307,7 +312,7 @@ class Shards:
 
     def assign(self, full: bool, ring: Ring, alive: frozenset[str]) -> dict[str, int]:
         """One round: label the unassigned (all resources when `full`); returns counts."""
-        counts = {"assigned": 0, "drained": 0, "moved": 0}
+        counts = {"assigned": 0, "drained": 0, "moved": 0, "conflicts": 0, "incomplete": 0}
         owners: dict[str, int] = {}
         for kind in KINDS:
             selector = None if full else f"!{SHARD_LABEL}"
@@ -323,22 +328,30 @@ class Shards:
                 if current == wanted or (current in alive and DRAIN_LABEL in labels):
                     continue
                 if time.monotonic() > self.leading_until:
-                    return counts  # the sharder Lease is due for renewal: the next round goes on
+                    counts["incomplete"] = 1  # the sharder Lease is due: the next round goes on
+                    return counts
                 if current in alive:
-                    if self._label(kind.plural, meta, {DRAIN_LABEL: "true"}):
-                        counts["drained"] += 1
-                elif self._label(kind.plural, meta, {SHARD_LABEL: wanted, DRAIN_LABEL: None}):
-                    counts["moved" if current else "assigned"] += 1
+                    done = self._label(kind.plural, meta, {DRAIN_LABEL: "true"})
+                    counts["drained" if done else "conflicts"] += 1
+                else:
+                    done = self._label(kind.plural, meta, {SHARD_LABEL: wanted, DRAIN_LABEL: None})
+                    counts[("moved" if current else "assigned") if done else "conflicts"] += 1
         if full:
             self.owners = owners
         return counts
 
     def shard_round(self, now: float) -> None:
         """One round of the sharder (blocking)."""
-        if not self.lead(now):
+        try:
+            leading = self.lead(now)
+        except Exception:
+            self.led_at = None
+            raise
+        if not leading:
             self.leading_until = 0.0
             return
-        self.leading_until = now + self.deadline
+        assert self.led_at is not None
+        self.leading_until = self.led_at + self.deadline
         alive, dead, leases = self.live_members(now)
         if not alive:
             return
@@ -349,15 +362,18 @@ class Shards:
         self.members = alive
         counts = self.assign(full, Ring(alive), alive)
         if full:
-            self.next_full = now + 30.0
+            # Changed meanwhile (409) or gone: decided again soon, not in 30 s.
+            self.next_full = now + (2.0 if counts["conflicts"] else 30.0)
+            if counts["incomplete"]:
+                self.next_full = 0.0
             # A dead member's Lease goes once no resource is labelled with it any more.
-            for member in dead:
+            for member in dead if not counts["incomplete"] else ():
                 if not self.owners.get(member):
                     try:
                         self.kube.request("DELETE", self._leases(leases[member]))
                     except KubeError as exc:
                         log.debug("deleting the Lease of %s: %s", member, exc)
-        if any(counts.values()):
+        if counts["assigned"] or counts["moved"] or counts["drained"]:
             log.info(
                 "sharding: %d assigned, %d moved from dead members, %d draining",
                 counts["assigned"],
