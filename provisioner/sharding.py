@@ -135,6 +135,7 @@ class Shards:
         self.renewed_at: float | None = None  # monotonic time the last good renewal was sent
         self.leading_until = 0.0
         self.led_at: float | None = None  # monotonic time the sharder Lease was last renewed
+        self.listed_at: float | None = None  # monotonic time the members were last listed
         self.members: frozenset[str] = frozenset()
         self.owners: dict[str, int] = {}  # member -> resources labelled with it (full rounds)
         self.next_full = 0.0
@@ -257,6 +258,11 @@ class Shards:
         found = self.kube.request(
             "GET", self._leases(), query=[("labelSelector", f"{RING_LABEL}={self.ring}")]
         )
+        if self.listed_at is None or now - self.listed_at > 3 * self.renew_seconds:
+            # This replica could not look for a while (the API server away, or it just
+            # became the sharder): nobody counts as silent for the time it did not look.
+            self.clock.seen.clear()
+        self.listed_at = now
         alive: set[str] = set()
         dead: set[str] = set()
         leases: dict[str, str] = {}

@@ -105,3 +105,49 @@ def test_last_handled_configuration_leaves_out_the_shard_labels():
     }
     untouched = {"spec": {}, "metadata": {"labels": {"team": "x"}}}
     assert _without_shard_labels(untouched) is untouched
+
+
+class FakeLeases:
+    """A Kube stand-in answering the Lease list with what `renewals` holds."""
+
+    def __init__(self) -> None:
+        self.renewals: dict[str, str] = {}
+
+    def request(self, method: str, path: str, body=None, **_: object):
+        assert method == "GET" and path.endswith("/leases")
+        return {
+            "items": [
+                {
+                    "metadata": {"name": f"ring-shard-{m}"},
+                    "spec": {"holderIdentity": m, "renewTime": t, "leaseDurationSeconds": 15},
+                }
+                for m, t in self.renewals.items()
+            ]
+        }
+
+
+def test_a_member_is_dead_after_its_lease_duration_of_watching_without_a_renewal():
+    kube = FakeLeases()
+    shards = sharding.Shards(kube, "ops", "ring", "a", lease_seconds=15)
+    kube.renewals = {"a": "t0", "b": "t0"}
+    assert shards.live_members(100.0)[0] == {"a", "b"}
+    for now in range(101, 115):
+        assert "b" in shards.live_members(float(now))[0]
+    kube.renewals["b"] = "t1"  # renewed: alive for another 15 s from now
+    assert shards.live_members(116.0)[0] == {"a", "b"}
+    for now in range(117, 131):
+        assert "b" in shards.live_members(float(now))[0]
+    alive, dead, _ = shards.live_members(131.5)
+    assert alive == {"a"} and dead == {"b"}  # itself is never dead to itself
+
+
+def test_time_the_sharder_could_not_look_does_not_count():
+    kube = FakeLeases()
+    shards = sharding.Shards(kube, "ops", "ring", "a", lease_seconds=15)
+    kube.renewals = {"a": "t0", "b": "t0"}
+    shards.live_members(100.0)
+    # The API server was away for a minute: b had no chance to renew either.
+    assert shards.live_members(160.0)[0] == {"a", "b"}
+    for now in range(161, 175):
+        assert "b" in shards.live_members(float(now))[0]
+    assert "b" in shards.live_members(175.0)[1]
