@@ -53,7 +53,7 @@ from provisioner_dev.cloudprofile import (  # noqa: E402
 from provisioner_dev.kubejson import KubeJson  # noqa: E402
 from provisioner_dev.launch import Stack  # noqa: E402
 from provisioner_dev.samples import SAMPLES  # noqa: E402
-from provisioner_dev.stack import run_kubectl  # noqa: E402
+from provisioner_dev.stack import OperatorProcess, run_kubectl  # noqa: E402
 
 CLUSTER_ID = "soak"
 # Every registered kind, with its sample spec (deleted without a final snapshot), the change
@@ -87,6 +87,7 @@ class Soak:
         self.cloud: DevCloud | None = None
         self.lock = threading.Lock()
         self.kills = 0
+        self.generation = 0  # shard names handed out (--replicas)
         self.stop_killing = threading.Event()
         self.figures: Counter[str] = Counter()
         self.names: list[tuple[str, str, str]] = []  # (kind, namespace, name)
@@ -112,16 +113,61 @@ class Soak:
         return result
 
     def killer(self) -> None:
-        """SIGKILL the operator at random moments and bring it back."""
-        while self.kills < self.args.kills and not self.stop_killing.wait(
-            self.rng.uniform(self.args.kill_min, self.args.kill_max)
-        ):
+        """SIGKILL an operator at random moments and bring it back. Sharded (--replicas), the
+        one that comes back has a new shard name, as a Deployment's new pod does: every kill
+        is a replica leaving without a word and another joining. An operator that exited by
+        itself (a sharded one whose Lease could not be renewed while the API server was
+        down) is started again, as the kubelet would."""
+        while not self.stop_killing.wait(self.rng.uniform(self.args.kill_min, self.args.kill_max)):
             with self.lock:
-                if self.stack.operator is not None:
-                    self.stack.operator.stop(kill=True)
-                    self.kills += 1
-                    log(f"killed the operator ({self.kills}/{self.args.kills})")
-                    self.stack.operator.start(timeout=120)
+                self.revive()
+                if self.kills >= self.args.kills:
+                    continue
+                running = [op for op in self.stack.operators if op.proc is not None]
+                if not running:
+                    continue
+                op = self.rng.choice(running)
+                op.stop(kill=True)
+                self.kills += 1
+                log(f"killed an operator ({self.kills}/{self.args.kills})")
+                self.start_replica(op)
+
+    def start_replica(self, op: OperatorProcess | None = None) -> None:
+        """Start `op` again (a new shard name when sharded), or a new operator."""
+        if not self.args.replicas:
+            if op is None:
+                self.stack.start_operator(
+                    args=["--resync-seconds=30"], cluster_id=CLUSTER_ID, timeout=120
+                )
+            else:
+                op.start(timeout=120)
+            return
+        self.generation += 1
+        name = f"r{self.generation}"
+        args = ["--resync-seconds=30", "--sharding=on", f"--shard-name={name}"]
+        env = {"PROVISIONER_NAMESPACE": "default", "AWS_SDK_UA_APP_ID": name}
+        log_file = self.dir / f"operator-{name}.log"
+        if op is None:
+            self.stack.start_operator(
+                args=args, env=env, cluster_id=CLUSTER_ID, timeout=120, log=log_file
+            )
+        else:
+            op.extra_args = [
+                *(a for a in op.extra_args if not a.startswith("--shard-name=")),
+                f"--shard-name={name}",
+            ]
+            op.extra_env = {**op.extra_env, **env}
+            op.log = log_file
+            op.start(timeout=120)
+
+    def revive(self) -> None:
+        """Start again every operator whose process has exited by itself."""
+        for op in self.stack.operators:
+            if op.proc is not None and op.proc.poll() is not None:
+                log(f"an operator exited by itself ({op.proc.returncode}): starting it again")
+                self.figures["operator exits"] += 1
+                op.proc = None
+                self.start_replica(op)
 
     def owners(self) -> Counter[str]:
         """owner-uid -> number of cloud resources carrying it (our cluster only)."""
@@ -226,7 +272,8 @@ class Soak:
         self.api = KubeJson(self.stack.kubeconfig, transient_seconds=60)
         self.cloud = DevCloud(self.stack.cloud.url)
         self.create_accounts()
-        self.stack.start_operator(args=["--resync-seconds=30"], cluster_id=CLUSTER_ID, timeout=120)
+        for _ in range(max(1, self.args.replicas)):
+            self.start_replica()
         namespaces = {f"soak-{i}" for i in range(self.args.namespaces)}
         synced = self.synced = SyncedWatch(
             KubeJson(self.stack.kubeconfig, transient_seconds=60),
@@ -333,7 +380,14 @@ class Soak:
             ("CRs", f"{n} ({self.args.namespaces} namespaces, even mix of {len(KINDS)} kinds)"),
             ("AWS accounts", str(len(self.account_ids) or "the operator's own")),
             ("cloud profile", profile),
+            (
+                "operators",
+                f"{self.args.replicas} sharded ({self.generation} shard names over the run)"
+                if self.args.replicas
+                else "1",
+            ),
             ("operator kills (SIGKILL)", str(self.kills)),
+            ("operator exits by themselves", str(self.figures["operator exits"])),
             ("API-server restarts", str(self.figures["apiserver restarts"])),
             ("AWS calls", f"{stats['total']} ({stats['total'] / n:.1f} per CR)"),
             (
@@ -415,6 +469,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--kill-max", type=float, default=8.0, help="seconds between kills, at most"
+    )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=0,
+        help="sharded operators (--sharding=on; a killed one comes back under a new shard "
+        "name); 0: one operator, not sharded (default)",
     )
     parser.add_argument("--fault-rate", type=float, default=0.3)
     parser.add_argument("--invalid", type=int, default=50)
