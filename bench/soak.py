@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.lib.recording import overlapping, replica_turns  # noqa: E402
 from bench.lib.synced import SyncedWatch, describe  # noqa: E402
 from provisioner import API_VERSION  # noqa: E402
 from provisioner.kinds import KINDS as REGISTERED  # noqa: E402
@@ -79,6 +80,8 @@ class Soak:
             dir=self.dir,
             fault_rate=args.fault_rate,
             fault_seed=args.seed,
+            # Sharded: moto's recording tells which replica made each call (user agent).
+            record=bool(args.replicas),
             cloud_profile=cloud,
             cloud_seed=args.seed,
         )
@@ -288,6 +291,11 @@ class Soak:
         self.create()
         t_ready = self.wait(lambda: self.not_ready(1), "all Ready")
         owners = self.owners()
+        cloud_names = [
+            str(item["status"]["externalName"])
+            for item in self.listing()
+            if (item.get("status") or {}).get("externalName")
+        ]
         uids = {item["metadata"]["uid"] for item in self.listing()}
         self.figures["duplicates"] = sum(n - 1 for uid, n in owners.items() if n > 1)
         self.figures["missing cloud resources"] = len(uids - set(owners))
@@ -332,6 +340,10 @@ class Soak:
         killer.join(timeout=180)
         self.figures["stuck terminating"] = len(self.listing())
         self.figures["leaks"] = sum(self.owners().values())
+        if self.args.replicas and self.stack.recording is not None:
+            turns = replica_turns(self.stack.recording, cloud_names)
+            self.figures["handovers"] = sum(max(0, len(t) - 1) for t in turns.values())
+            self.figures["acted on by two at once"] = len(overlapping(turns))
         assert self.stack.proxy is not None
         stats = self.stack.proxy.stats()
         synced.stop()
@@ -348,6 +360,7 @@ class Soak:
                 "stuck terminating",
                 "secrets missing",
                 "created for invalid",
+                "acted on by two at once",
             )
             if self.figures[key] > 0
         ]
@@ -416,6 +429,20 @@ class Soak:
                 f"{self.figures['invalid refused']} of {self.figures['invalid applied']}",
             ),
             ("created for invalid manifests", str(self.figures["created for invalid"])),
+            *(
+                [
+                    (
+                        "handovers (AWS calls by a new replica)",
+                        str(self.figures["handovers"]),
+                    ),
+                    (
+                        "resources acted on by two replicas at once",
+                        str(self.figures["acted on by two at once"]),
+                    ),
+                ]
+                if self.args.replicas
+                else []
+            ),
             ("duplicates", str(self.figures["duplicates"])),
             ("leaks", str(self.figures["leaks"])),
             ("stuck Terminating", str(self.figures["stuck terminating"])),

@@ -111,3 +111,38 @@ class Recording:
             what = f"?{sub}" if sub else ("object" if len(parts) > 1 else "bucket")
             return service, f"{method} {what}"
         return service, method
+
+
+def replica_turns(path: Path, names: list[str]) -> dict[str, list[str]]:
+    """Per cloud name, the replicas (the app id in each call's user agent) that called the
+    cloud naming it, in moto's order, consecutive calls of one replica collapsed: a resource
+    handed over once shows two, one that two replicas acted on at once shows one twice."""
+    turns: dict[str, list[str]] = {n: [] for n in names}
+    if not path.exists():
+        return turns
+    with path.open(errors="replace") as f:
+        for line in f:
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            headers = {k.lower(): v for k, v in (entry.get("headers") or {}).items()}
+            app = next(
+                (p[4:] for p in str(headers.get("user-agent", "")).split() if p.startswith("app/")),
+                None,
+            )
+            if app is None:
+                continue
+            body = entry.get("body") or ""
+            if entry.get("body_encoded"):
+                body = base64.b64decode(body).decode(errors="replace")
+            text = f"{entry.get('url', '')} {body}"
+            for name in names:
+                if name in text and (not turns[name] or turns[name][-1] != app):
+                    turns[name].append(app)
+    return turns
+
+
+def overlapping(turns: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The resources a replica came back to after another had acted on them."""
+    return {name: seq for name, seq in turns.items() if len(seq) != len(set(seq))}
