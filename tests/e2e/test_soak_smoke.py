@@ -59,3 +59,48 @@ def test_short_soak_has_no_duplicates_leaks_or_stuck_resources(tmp_path):
     assert data["invalid refused"] == data["invalid applied"] == 5
     assert data["aws"]["injected"] > 0
     assert "time taken" in result.stdout
+
+
+@pytest.mark.timeout(600)
+def test_short_sharded_soak_hands_over_without_two_replicas_at_once(tmp_path):
+    """Three sharded replicas; each kill is a replica leaving without a word and a new one
+    joining. moto's recording (by each replica's user agent) shows, per resource, the
+    replicas that called the cloud for it taking turns, none coming back after another."""
+    figures = tmp_path / "soak.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench/soak.py"),
+            "--n",
+            "16",
+            "--namespaces",
+            "2",
+            "--replicas",
+            "3",
+            "--kills",
+            "3",
+            "--kill-min",
+            "3",
+            "--kill-max",
+            "6",
+            "--invalid",
+            "4",
+            "--fault-rate",
+            "0.3",
+            "--timeout",
+            "240",
+            "--json",
+            str(figures),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=580,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    data = json.loads(figures.read_text())
+    assert data["kills"] == 3
+    assert data["duplicates"] == data["leaks"] == data["stuck terminating"] == 0
+    assert data["secrets missing"] == data["missing cloud resources"] == 0
+    assert data["acted on by two at once"] == 0
+    assert data["handovers"] > 0
