@@ -136,6 +136,7 @@ class Shards:
         self.leading_until = 0.0
         self.led_at: float | None = None  # monotonic time the sharder Lease was last renewed
         self.listed_at: float | None = None  # monotonic time the members were last listed
+        self.looked_at: float | None = None  # ... and the sharder Lease last read
         self.members: frozenset[str] = frozenset()
         self.owners: dict[str, int] = {}  # member -> resources labelled with it (full rounds)
         self.next_full = 0.0
@@ -235,6 +236,9 @@ class Shards:
             return True  # renewed a moment ago
         name = self.sharder_lease
         existing = self.kube.request("GET", self._leases(name))
+        if self.looked_at is None or now - self.looked_at > 3 * self.renew_seconds:
+            self.clock.seen.pop(name, None)  # the time it could not look does not count
+        self.looked_at = now
         spec = (existing or {}).get("spec") or {}
         holder = spec.get("holderIdentity")
         if existing is not None and holder and holder != self.shard:
