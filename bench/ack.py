@@ -82,6 +82,8 @@ CALLS_PER_BUCKET_TARGET = 6.0
 RSS_RATIO_TARGET = 1.2
 RSS_INTERVAL = 0.2
 POLL_INTERVAL = 0.5
+# A DELETE collection the API server did not finish is asked again after this many seconds.
+DELETE_RETRY = 5.0
 
 
 # -- ACK's controller: the cached binary and its CRDs ----------------------------------------------
@@ -701,8 +703,7 @@ class Run:
         mark0 = self.recording.mark()
         started = time.time()
         status, data = self.api.request("DELETE", side.path())
-        if status >= 300:
-            self.errors.append(f"delete {side.path()}: {status} {data[:200]!r}")
+        asked, retries = time.monotonic(), 0
         deadline = time.monotonic() + self.o.timeout
         gone: float | None = None
         remaining = -1
@@ -711,7 +712,14 @@ class Run:
             if remaining == 0:
                 gone = time.time()
                 break
+            if status >= 300 and time.monotonic() - asked >= DELETE_RETRY:
+                # The API server gave up on the collection part-way (504 under load): the CRs
+                # it had not reached yet are not being deleted. Ask again for the rest.
+                status, data = self.api.request("DELETE", side.path())
+                asked, retries = time.monotonic(), retries + 1
             time.sleep(POLL_INTERVAL)
+        if status >= 300 and gone is None:
+            self.errors.append(f"delete {side.path()}: {status} {data[:200]!r}")
         self.settle(cap=15.0)
         mark1 = self.recording.mark()
         left = [b["Name"] for b in self.cloud.client("s3").list_buckets().get("Buckets") or []]
@@ -723,6 +731,7 @@ class Run:
         self.result.update(
             {
                 "all_deleted_seconds": rounded(gone - started if gone else None, 2),
+                "delete_collection_retries": retries,
                 "crs_left": max(0, remaining),
                 "buckets_left_in_moto": len(left),
                 "buckets_left_sample": left[:5],
