@@ -204,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
         workdir.mkdir(parents=True, exist_ok=True)
     else:
         workdir = Path(tempfile.mkdtemp(prefix="provisioner-bench-"))
+    # moto counts a database's automated snapshot against its snapshot quota (1,000 by
+    # default), and refuses every database past the 1,000th with SnapshotQuotaExceeded; RDS
+    # has no such limit on automated snapshots. Its server inherits this environment.
+    os.environ.setdefault("MOTO_RDS_SNAPSHOT_LIMIT", "1000000")
     stack = Stack(dir=workdir, record=True, cloud_profile=cloud, cloud_seed=opts.seed)
     bench: Bench | None = None
     code = 1

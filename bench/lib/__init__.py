@@ -1,6 +1,6 @@
 """The parts of bench/converge.py.
 
-workload  the kinds, their specs and spec changes, the CRs and the LIST poller
+workload  the kinds, their specs and spec changes, the CRs and the watch that follows them
 measure   figures: percentiles, /proc, the API server's write counters, the source hash
 recording AWS calls from moto's request recording
 run       the benchmark: options, sampling, prepare, the phases in order, finish

@@ -1,4 +1,4 @@
-"""The create phase: N CRs from nothing to Ready, followed by LIST polls alone."""
+"""The create phase: N CRs from nothing to Ready, followed by a WATCH of each kind."""
 
 from __future__ import annotations
 
@@ -73,7 +73,8 @@ def via_kubectl(b: Bench) -> None:
 
 
 def observe(cr: Cr, item: dict[str, Any], start: float, end: float) -> None:
-    """What one LIST (sent at `start`, answered by `end`) says of `cr`."""
+    """What the watched cache says of `cr`: `item` as of `start` (now), a version that
+    arrived at `end` (a LIST's send and answer times bound it the same way)."""
     meta = item["metadata"]
     cr.uid = meta.get("uid", cr.uid)
     cr.creation_ts = parse_time(meta.get("creationTimestamp"))
@@ -86,7 +87,7 @@ def observe(cr: Cr, item: dict[str, Any], start: float, end: float) -> None:
     if not ready or ready.get("status") != "True":
         cr.not_ready_at = start
         return
-    # The LIST before showed it not Ready; this one (answered by `end`) shows it Ready.
+    # The round before showed it not Ready; this version (arrived at `end`) shows it Ready.
     low, high = max(cr.not_ready_at, cr.sent), end
     transition = parse_time(ready.get("lastTransitionTime"))
     if transition is not None:
@@ -201,8 +202,11 @@ def phase(b: Bench) -> bool:
             sum(cr.ready_error or 0 for cr in ready) / len(ready) if ready else None
         ),
         "per_kind": per_kind,
-        "list_rounds": b.lister.rounds,
-        "list_seconds_mean": rounded(b.lister.list_seconds / max(1, b.lister.rounds)),
+        "rounds": b.lister.rounds,
+        "lists": b.lister.lists,
+        "list_seconds_mean": rounded(b.lister.list_seconds / max(1, b.lister.lists)),
+        "watch_events": b.lister.events,
+        "watch_errors": b.lister.errors[:5],
     }
     if cloud_stats is not None and b.stack.awslike is not None:
         config = b.stack.awslike.config()

@@ -179,7 +179,7 @@ def changes(b: Bench) -> bool:
 
 
 def delete(b: Bench) -> bool:
-    """One DELETE collection per namespace and kind, LIST until none is left, count leftovers."""
+    """One DELETE collection per namespace and kind, watch until none is left, count leftovers."""
     o = b.o
     present = [cr for cr in b.crs if cr.created_ok]
     log(f"deleting {len(present)} CRs")
