@@ -92,8 +92,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     if problem := access_settings.problem():
         return _fail(problem)
     aws = make_aws(aws_settings)
-    kube = Kube(pool_size=settings.workers + 4)
-    events = ThreadPoolExecutor(max_workers=2, thread_name_prefix="events")
+    # Two Events per resource on its way to Ready: half as many threads as the passes', so
+    # that they keep up with them when the API server answers slowly.
+    event_threads = max(2, settings.workers // 2)
+    # A connection for each thread that calls the API server: the passes', the looks' (half
+    # as many) and the Events'.
+    kube = Kube(pool_size=settings.workers + settings.workers // 2 + event_threads + 4)
+    events = ThreadPoolExecutor(max_workers=event_threads, thread_name_prefix="events")
     reconciler = Reconciler(
         settings,
         kube,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor, Future
@@ -66,15 +67,40 @@ def plain(value: Any) -> Any:
     return value
 
 
-def event_poster(kube: Kube, executor: Executor) -> Callable[[dict[str, Any], Event], None]:
+# Events waiting for their post at most; past that a new one is dropped (and counted in
+# the log), as client-go's recorder drops Events when its queue of 1,000 is full.
+EVENT_BACKLOG = 1000
+
+
+def event_poster(
+    kube: Kube, executor: Executor, backlog: int = EVENT_BACKLOG
+) -> Callable[[dict[str, Any], Event], None]:
     """Events are posted in the background: a pass never waits for them, and a failure to
-    post one is logged, never fatal."""
+    post one is logged, never fatal. A burst of thousands of creates against a slow API
+    server queues at most `backlog` of them: memory stays bounded, and Events are not
+    still being posted minutes after the burst."""
+    lock = threading.Lock()
+    waiting = dropped = 0
 
     def post(body: dict[str, Any], event: Event) -> None:
+        nonlocal waiting, dropped
+        with lock:
+            if waiting >= backlog:
+                dropped += 1
+                if dropped % 100 == 1:
+                    log.warning("%d Events dropped: %d wait for the API server", dropped, waiting)
+                return
+            waiting += 1
         future = executor.submit(
             kube.post_event, body, event.type, event.reason, event.message, "provisioner"
         )
-        future.add_done_callback(_log_failure)
+        future.add_done_callback(posted)
+
+    def posted(future: Future[None]) -> None:
+        nonlocal waiting
+        with lock:
+            waiting -= 1
+        _log_failure(future)
 
     return post
 

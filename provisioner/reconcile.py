@@ -18,6 +18,7 @@ under `drift-policy: report`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import dataclasses
 import json
@@ -26,7 +27,7 @@ import math
 import random
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -64,6 +65,16 @@ PREFETCH_TTL = 30.0
 # Set inside a periodic look (a resync pass and its batched describe): its blocking calls
 # run on the looks' own threads (`Reconciler.in_thread`).
 LOOKING: contextvars.ContextVar[bool] = contextvars.ContextVar("looking", default=False)
+
+
+def event_reference(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What an Event needs of the object it is about (its kind, name and uid), not the
+    body: an Event waits for its post, and a backlog of them (a burst of thousands of
+    creates against a slow API server) would otherwise hold as many whole bodies."""
+    meta = body.get("metadata") or {}
+    reference: dict[str, Any] = {k: body[k] for k in ("apiVersion", "kind") if k in body}
+    reference["metadata"] = {k: meta[k] for k in ("name", "namespace", "uid") if k in meta}
+    return reference
 
 
 def backoff(retry: int, base: float = RETRY_BASE, cap: float = RETRY_CAP) -> float:
@@ -226,6 +237,10 @@ class Reconciler:
         # waves (each one quickly) instead of all together at the end, holding far less memory.
         self.passes_in_flight = asyncio.Semaphore(max(1, settings.workers))
         self.looks_in_flight = asyncio.Semaphore(looks)
+        # Change passes (create, update, resume, delete, recheck) running or waiting for a
+        # slot of `passes_in_flight`: while they fill every slot, the periodic looks wait
+        # (`look_backlog`).
+        self.changes_in_flight = 0
         # Master passwords of databases created by this process whose Secret is not
         # written yet. Lost on a crash, which is fine: a database found without its
         # Secret gets a new password (set in the cloud first, then written).
@@ -267,10 +282,37 @@ class Reconciler:
         executor = self.look_executor if LOOKING.get() else self.executor
         return await loop.run_in_executor(executor, lambda: fn(*args, **kwargs))
 
+    @contextlib.asynccontextmanager
+    async def _change_pass(self, uid: str) -> AsyncIterator[None]:
+        """A slot of `passes_in_flight` and the resource's lock, counted as a change."""
+        self.changes_in_flight += 1
+        try:
+            async with self.passes_in_flight, self.locks[uid]:
+                yield
+        finally:
+            self.changes_in_flight -= 1
+
+    @property
+    def changes_busy(self) -> bool:
+        """Whether change passes fill every slot (or wait for one)."""
+        return self.changes_in_flight >= max(1, self.settings.workers)
+
     def look_backlog(self, kind: str, region: str, account: Any = None) -> float:
-        """Seconds the calls already waiting on the call budget of `kind`'s service (in that
-        account and region) still wait; 0 when none does. A periodic look that would queue
-        behind them is deferred by the resync instead (creates and changes go first)."""
+        """Seconds a periodic look of `kind` (in that account and region) should wait rather
+        than start now; 0: start it. The resync defers it by that much instead of queueing
+        it (creates and changes go first):
+
+        - while change passes fill every slot: to a random time in the next period. A look
+          costs about what a create costs (a GET of the resource and of its Secret, the
+          cloud's reads); with thousands of resources the looks coming due during a long
+          burst of creates would otherwise take a share of the API server and the cloud
+          that grows with the number of resources, and the burst's time with it. Spread
+          over the next period (not all due again a few seconds on), those put off during
+          a burst do not all come back together when it ends;
+        - the seconds the calls already waiting on the call budget of `kind`'s service
+          still wait, when any does."""
+        if self.changes_busy:
+            return self.settings.resync_seconds * random.uniform(0.1, 1.0)
         budget = getattr(getattr(self.clients.get(kind), "aws", None), "budget", None)
         if budget is None:
             return 0.0
@@ -566,7 +608,7 @@ class Reconciler:
         for event in result.events:
             if event.reason in CLOUD_CHANGES:
                 event = self._attributed(resource, event)
-            self.post_event(body, event)
+            self.post_event(event_reference(body), event)
         for c in result.conditions:
             if c.type not in (cond.READY, cond.SYNCED) or not cond.changed(resource.status, c):
                 continue
@@ -591,7 +633,8 @@ class Reconciler:
                 cond.PLAN_ONLY,
             )
             self.post_event(
-                body, Event("Normal" if quiet else "Warning", c.reason, c.message or c.reason)
+                event_reference(body),
+                Event("Normal" if quiet else "Warning", c.reason, c.message or c.reason),
             )
 
     @staticmethod
@@ -760,7 +803,7 @@ class Reconciler:
             "Expired",
             f"expired at {at}: deleted, deletionPolicy {resource.deletion_policy}",
         )
-        self.post_event(body, self._attributed(resource, event))
+        self.post_event(event_reference(body), self._attributed(resource, event))
         return True
 
     # -- entry points ---------------------------------------------------------------
@@ -778,7 +821,7 @@ class Reconciler:
         """
         resource = self.resource(body)
         requested = requested_fields(last_handled_spec, body.get("spec") or {})
-        async with self.passes_in_flight, self.locks[resource.uid]:
+        async with self._change_pass(resource.uid):
             self.failed_resyncs.discard(resource.uid)  # the change handlers retry from here
             self.requeued.discard(resource.uid)
             if resource.paused:
@@ -864,12 +907,16 @@ class Reconciler:
         """
         # Its own pass bound and threads (`look_executor`): a change pass never waits for a
         # look. A recheck after a CloudAccount's change is a change pass.
-        in_flight = self.passes_in_flight if recheck else self.looks_in_flight
         token = LOOKING.set(not recheck)
         try:
-            return await self._resync_current(uid, load, report, recheck, in_flight)
+            return await self._resync_current(uid, load, report, recheck)
         finally:
             LOOKING.reset(token)
+
+    @contextlib.asynccontextmanager
+    async def _look(self, uid: str) -> AsyncIterator[None]:
+        async with self.looks_in_flight, self.locks[uid]:
+            yield
 
     async def _resync_current(
         self,
@@ -877,9 +924,8 @@ class Reconciler:
         load: Callable[[], Awaitable[Mapping[str, Any] | None]],
         report: Callable[[Mapping[str, Any], tuple[Result, Resource], float], Awaitable[None]],
         recheck: bool,
-        in_flight: asyncio.Semaphore,
     ) -> float | None:
-        async with in_flight, self.locks[uid]:
+        async with self._change_pass(uid) if recheck else self._look(uid):
             started = time.monotonic()
             body = await load()
             if body is None or body.get("metadata", {}).get("uid") != uid:
@@ -928,7 +974,7 @@ class Reconciler:
 
     async def finalize(self, body: Mapping[str, Any], retry: int = 0) -> tuple[Result, Resource]:
         resource = self.resource(body)
-        async with self.passes_in_flight, self.locks[resource.uid]:
+        async with self._change_pass(resource.uid):
             try:
                 result = await self._delete(resource, retry)
             except errors.NotSupportedError as exc:
