@@ -16,6 +16,9 @@ from bench.lib.workload import BY_KIND, KINDS, POLL_INTERVAL, Cr
 if TYPE_CHECKING:
     from bench.lib.run import Bench
 
+# A DELETE collection the API server did not finish is asked again after this many seconds.
+DELETE_RETRY = 5.0
+
 
 def idle(b: Bench) -> None:
     """--idle seconds of nothing: what is written and called meanwhile."""
@@ -190,14 +193,19 @@ def delete(b: Bench) -> bool:
     for cr in present:
         cr.last_present = started
     collections = sorted({cr.path for cr in present})
+    # Collections whose DELETE failed: path -> the answer.
+    failed: dict[str, str] = {}
 
     def delete_all(path: str) -> None:
         status, data = b.api.request("DELETE", path)
         if status >= 300:
-            b.errors.append(f"delete {path}: {status} {data[:200]!r}")
+            failed[path] = f"{status} {data[:200]!r}"
+        else:
+            failed.pop(path, None)
 
     with ThreadPoolExecutor(16, thread_name_prefix="delete") as pool:
         list(pool.map(delete_all, collections))
+    asked, retries = time.monotonic(), 0
     deadline = time.monotonic() + o.timeout
     all_gone: float | None = None
     remaining = len(present)
@@ -205,6 +213,16 @@ def delete(b: Bench) -> bool:
         tick = time.monotonic()
         seen = b.lister.round()
         here = {cr.key for cr, *_ in seen}
+        if failed and time.monotonic() - asked >= DELETE_RETRY:
+            # The API server gave up on a collection part-way (504 under load, 10,000 CRs):
+            # the CRs it had not reached are not being deleted. Ask again for the rest.
+            left_in = {
+                cr.path for cr, item, *_ in seen if not item["metadata"].get("deletionTimestamp")
+            }
+            again = sorted(p for p in failed if p in left_in)
+            with ThreadPoolExecutor(16, thread_name_prefix="delete") as pool:
+                list(pool.map(delete_all, again))
+            asked, retries = time.monotonic(), retries + len(again)
         for cr, _item, start, _ in seen:
             cr.last_present = start
         for cr in present:
@@ -217,6 +235,8 @@ def delete(b: Bench) -> bool:
             break
         time.sleep(max(0.0, POLL_INTERVAL - (time.monotonic() - tick)))
     b.mark_cpu("deleted")
+    if all_gone is None:
+        b.errors.extend(f"delete {path}: {answer}" for path, answer in sorted(failed.items()))
     writes1 = scrape_writes(b.api)
     aws1 = b.recording.mark()
     left = b.cloud_left()
@@ -228,6 +248,7 @@ def delete(b: Bench) -> bool:
     b.results["delete"] = {
         "all_gone_seconds": rounded(all_gone - started if all_gone else None),
         "remaining": remaining,
+        "delete_collection_retries": retries,
         "p50_s": rounded(percentile(gone_times, 50)),
         "p99_s": rounded(percentile(gone_times, 99)),
         "writes": writes,
