@@ -362,6 +362,7 @@ def register(
             settings.shard_name,
             settings.shard_lease_seconds,
             namespaces=settings.namespaces,
+            on_members=(lambda n: aws.budget.set_share(1 / n)) if aws is not None else None,
         )
 
     def handed_over(body: Any) -> bool:

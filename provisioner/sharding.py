@@ -117,6 +117,7 @@ class Shards:
         lease_seconds: int = 15,
         fence: Callable[[str], None] | None = None,
         namespaces: list[str] | None = None,
+        on_members: Callable[[int], None] | None = None,
     ) -> None:
         self.kube = kube
         self.namespace = namespace
@@ -127,6 +128,9 @@ class Shards:
         self.deadline = lease_seconds * 2 / 3
         self.fence = fence or _exit
         self.namespaces = namespaces or []
+        # Told how many replicas hold a Lease in the ring (at start, then about every 10 s):
+        # the AWS call budget is shared between them.
+        self.on_members = on_members
         # The Lease's renewals must never wait behind anything: a thread of their own. The
         # sharder's rounds and the hand-overs' label patches share two more.
         self.renewer = ThreadPoolExecutor(1, thread_name_prefix="shard-lease")
@@ -189,8 +193,25 @@ class Shards:
         else:
             self.kube.request("PUT", self._leases(name), body)
 
+    def count_members(self) -> int:
+        """Replicas holding a Lease in the ring, dead ones not yet removed included (so a
+        share computed from it errs on the small side); tells `on_members`."""
+        found = self.kube.request(
+            "GET", self._leases(), query=[("labelSelector", f"{RING_LABEL}={self.ring}")]
+        )
+        count = sum(
+            1
+            for i in (found or {}).get("items") or []
+            if (i.get("spec") or {}).get("holderIdentity")
+        )
+        count = max(1, count)
+        if self.on_members is not None:
+            self.on_members(count)
+        return count
+
     async def _renew_loop(self) -> None:
         loop = asyncio.get_running_loop()
+        rounds = 0
         while True:
             sent = time.monotonic()
             try:
@@ -198,6 +219,12 @@ class Shards:
                 self.renewed_at = sent
             except Exception as exc:  # noqa: BLE001 - tried again; the watchdog decides
                 log.warning("renewing the shard Lease %s failed: %s", self.lease_name, exc)
+            rounds += 1
+            if rounds % 5 == 0:
+                try:
+                    await loop.run_in_executor(self.executor, self.count_members)
+                except Exception as exc:  # noqa: BLE001 - counted again later
+                    log.debug("counting the shard members failed: %s", exc)
             await asyncio.sleep(self.renew_seconds)
 
     async def _watchdog(self) -> None:
@@ -222,6 +249,7 @@ class Shards:
             try:
                 await loop.run_in_executor(self.renewer, self.renew_membership)
                 self.renewed_at = sent
+                await loop.run_in_executor(self.renewer, self.count_members)
                 return
             except Exception as exc:  # noqa: BLE001 - the API server is not answering yet
                 log.warning("creating the shard Lease %s failed: %s", self.lease_name, exc)

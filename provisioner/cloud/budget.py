@@ -150,13 +150,17 @@ class BudgetSettings:
 class Bucket:
     """One adaptive token bucket. Not locked itself: CallBudget holds the lock."""
 
-    def __init__(self, name: str, limit: Limit, settings: BudgetSettings, now: float) -> None:
+    def __init__(
+        self, name: str, limit: Limit, settings: BudgetSettings, now: float, share: float = 1.0
+    ) -> None:
         self.name = name
         self.limit = limit
         self.settings = settings
-        self.rate = limit.rate
-        self.capacity = limit.burst
-        self.tokens = limit.burst
+        # This process's part of the account's limit (1/N of N sharded replicas).
+        self.share = share
+        self.rate = self.full_rate
+        self.capacity = max(1.0, limit.burst * share)
+        self.tokens = self.capacity
         self.updated = now
         self.throttled_since: float | None = None
         # When the rate was last decreased.
@@ -176,7 +180,7 @@ class Bucket:
         """A throttling answer to a call that took its token at `reserved_at` (None: now)."""
         self._refill(now)
         if reserved_at is None or reserved_at >= self.decreased_at:
-            floor = self.limit.rate * self.settings.floor
+            floor = self.full_rate * self.settings.floor
             self._set_rate(max(floor, self.rate * self.settings.decrease))
             self.tokens = min(self.tokens, 0.0)
             self.decreased_at = now
@@ -185,7 +189,7 @@ class Bucket:
 
     def succeeded(self, now: float) -> None:
         self._refill(now)
-        self._set_rate(min(self.limit.rate, self.rate + self.limit.rate * self.settings.recovery))
+        self._set_rate(min(self.full_rate, self.rate + self.full_rate * self.settings.recovery))
         self.throttled_since = None
 
     def _set_rate(self, rate: float) -> None:
@@ -200,8 +204,20 @@ class Bucket:
         self.rate = rate
         self._resize()
 
+    @property
+    def full_rate(self) -> float:
+        """The documented rate, this process's share of it."""
+        return self.limit.rate * self.share
+
+    def set_share(self, now: float, share: float) -> None:
+        """A new share of the account's limit: the rate (adapted or not) in proportion."""
+        self._refill(now)
+        rate = self.rate * share / self.share
+        self.share = share
+        self._set_rate(rate)
+
     def _resize(self) -> None:
-        self.capacity = max(1.0, self.limit.burst * self.rate / self.limit.rate)
+        self.capacity = max(1.0, self.limit.burst * self.share * self.rate / self.full_rate)
         self.tokens = min(self.tokens, self.capacity)
 
     def throttled_for(self, now: float) -> float:
@@ -262,7 +278,20 @@ class CallBudget:
         self.sleep = sleep
         self._lock = threading.Lock()
         self._buckets: dict[tuple[str, str, str], Bucket] = {}
+        self.share = 1.0
         ACTIVE.add(self)
+
+    def set_share(self, share: float) -> None:
+        """Spend only `share` of every documented limit: AWS's limits are per account, and
+        N sharded replicas calling one account each keep to 1/N of them."""
+        share = min(1.0, max(0.01, share))
+        with self._lock:
+            if share == self.share:
+                return
+            self.share = share
+            now = self.clock()
+            for bucket in self._buckets.values():
+                bucket.set_share(now, share)
 
     def buckets_for(
         self, service: str, region: str, operation: str, account: str = ""
@@ -280,7 +309,7 @@ class CallBudget:
                     continue
                 bucket = self._buckets.get((account, region, name))
                 if bucket is None:
-                    bucket = Bucket(name, limit, self.settings, self.clock())
+                    bucket = Bucket(name, limit, self.settings, self.clock(), self.share)
                     self._buckets[(account, region, name)] = bucket
                 found.append(bucket)
         return found

@@ -305,3 +305,28 @@ def test_budget_specs_parse_or_say_what_is_wrong():
             parse_limits(bad)
     with pytest.raises(BudgetSpecError, match="max throttled seconds"):
         BudgetSettings.from_spec("", -1)
+
+
+def test_sharded_replicas_each_spend_their_share_of_the_account_limits():
+    t = FakeTime()
+    budget = budget_with(t, rds=Limit(burst=6, rate=3))
+    before = rds_bucket(budget)
+    budget.set_share(1 / 3)  # three replicas call the same account
+    assert before.rate == pytest.approx(1.0) and before.capacity == pytest.approx(2.0)
+    client = FakeClient("rds")
+    budget.run(client.describe_db_instances)
+    budget.run(client.describe_db_instances)
+    assert t.slept == []
+    budget.run(client.describe_db_instances)
+    assert t.slept == [pytest.approx(1.0)]  # 1 call/s: a third of 3
+    # An adapted (throttled) rate keeps its proportion; recovery stops at the share.
+    before.throttled(t.now)
+    assert before.rate == pytest.approx(0.5)
+    budget.set_share(1 / 2)
+    assert before.rate == pytest.approx(0.75)
+    for _ in range(100):
+        before.succeeded(t.now)
+    assert before.rate == pytest.approx(1.5)
+    # Buckets made later start at the share too.
+    sqs = budget.buckets_for("rds", "eu-west-1", "DescribeDBInstances")[0]
+    assert sqs.rate == pytest.approx(1.5) and sqs.capacity == pytest.approx(3.0)
