@@ -512,19 +512,25 @@ def register(
         kopf.on.update(GROUP, VERSION, plural, id="reconcile", **kw)(on_change)
         kopf.on.delete(GROUP, VERSION, plural, id="finalize", **kw)(on_delete)
         if shards is not None:
-            kopf.on.event(GROUP, VERSION, plural, id="handover", **kw)(on_drain)
+            kopf.on.event(GROUP, VERSION, plural, id=HANDOVER, **kw)(on_drain)
+    if shards is not None:
+        logging.getLogger("kopf.objects").addFilter(_quiet_watches)
 
 
 ACCOUNT_WATCH, NAMESPACE_WATCH = "cloudaccount-watch", "namespace-watch"
 
 
+HANDOVER = "handover"
+
+
 def _quiet_watches(record: logging.LogRecord) -> bool:
     """kopf logs "Handler '...' succeeded." at INFO for every watch event of every namespace
-    and CloudAccount: nothing anyone reads. Failures are kept."""
+    and CloudAccount, and (sharded) of every resource: nothing anyone reads. Failures are
+    kept."""
     message = record.getMessage()
     return not (
         message.endswith("succeeded.")
-        and (f"'{ACCOUNT_WATCH}'" in message or f"'{NAMESPACE_WATCH}'" in message)
+        and any(f"'{name}'" in message for name in (ACCOUNT_WATCH, NAMESPACE_WATCH, HANDOVER))
     )
 
 
