@@ -135,6 +135,7 @@ class Shards:
         # sharder's rounds and the hand-overs' label patches share two more.
         self.renewer = ThreadPoolExecutor(1, thread_name_prefix="shard-lease")
         self.executor = ThreadPoolExecutor(2, thread_name_prefix="sharding")
+        self.patcher = ThreadPoolExecutor(8, thread_name_prefix="shard-labels")
         self.clock = LeaseClock()
         self.renewed_at: float | None = None  # monotonic time the last good renewal was sent
         self.leading_until = 0.0
@@ -349,9 +350,13 @@ class Shards:
             raise
 
     def assign(self, full: bool, ring: Ring, alive: frozenset[str]) -> dict[str, int]:
-        """One round: label the unassigned (all resources when `full`); returns counts."""
+        """One round: label the unassigned (all resources when `full`); returns counts.
+
+        The patches go out on several threads at once, in chunks: a burst of a thousand new
+        resources is labelled in seconds, not one round trip after another."""
         counts = {"assigned": 0, "drained": 0, "moved": 0, "conflicts": 0, "incomplete": 0}
         owners: dict[str, int] = {}
+        todo: list[tuple[str, str, Mapping[str, Any], dict[str, Any]]] = []
         for kind in KINDS:
             selector = None if full else f"!{SHARD_LABEL}"
             for item in self._list(kind.plural, selector):
@@ -365,15 +370,19 @@ class Shards:
                     owners[current] = owners.get(current, 0) + 1
                 if current == wanted or (current in alive and DRAIN_LABEL in labels):
                     continue
-                if time.monotonic() > self.leading_until:
-                    counts["incomplete"] = 1  # the sharder Lease is due: the next round goes on
-                    return counts
                 if current in alive:
-                    done = self._label(kind.plural, meta, {DRAIN_LABEL: "true"})
-                    counts["drained" if done else "conflicts"] += 1
+                    todo.append(("drained", kind.plural, meta, {DRAIN_LABEL: "true"}))
                 else:
-                    done = self._label(kind.plural, meta, {SHARD_LABEL: wanted, DRAIN_LABEL: None})
-                    counts[("moved" if current else "assigned") if done else "conflicts"] += 1
+                    what = "moved" if current else "assigned"
+                    todo.append((what, kind.plural, meta, {SHARD_LABEL: wanted, DRAIN_LABEL: None}))
+        for start in range(0, len(todo), 100):
+            if time.monotonic() > self.leading_until:
+                counts["incomplete"] = 1  # the sharder Lease is due: the next round goes on
+                return counts
+            chunk = todo[start : start + 100]
+            done = self.patcher.map(lambda t: self._label(t[1], t[2], t[3]), chunk)
+            for (what, *_), ok in zip(chunk, done, strict=True):
+                counts[what if ok else "conflicts"] += 1
         if full:
             self.owners = owners
         return counts
@@ -467,6 +476,7 @@ class Shards:
                 self.lease_name,
             )
         self.executor.shutdown(wait=False)
+        self.patcher.shutdown(wait=False)
         self.renewer.shutdown(wait=False)
 
 
