@@ -395,7 +395,9 @@ def register(
         body: Any, old: Any, patch: kopf.Patch, retry: int, reason: Any = None, **_: Any
     ) -> None:
         if handed_over(body):
-            raise kopf.TemporaryError("handed over to another replica", delay=60)
+            # Left pending for the new owner. kopf records when to try again in status.kopf
+            # and the new owner keeps to it: a short delay, so that it does not wait.
+            raise kopf.TemporaryError("handed over to another replica", delay=1)
         raw, started = plain(body), time.monotonic()
         if reason == kopf.Reason.RESUME and retry == 0 and scheduler.calm_resume:
             # A restart: a resource at rest waits for its resync, spread over one period.
@@ -426,7 +428,7 @@ def register(
 
     async def on_delete(body: Any, patch: kopf.Patch, retry: int, **_: Any) -> None:
         if handed_over(body):
-            raise kopf.TemporaryError("handed over to another replica", delay=60)
+            raise kopf.TemporaryError("handed over to another replica", delay=1)
         raw, started = plain(body), time.monotonic()
         result, resource = outcome = await reconciler.finalize(raw, retry)
         if status := _report(reconciler, raw, outcome, started):
