@@ -385,7 +385,7 @@ def register(
         if shards is not None:
             # kopf's handlers are done by now; a cancelled resync may still have a cloud call
             # on a thread. Leave the ring at once only when none has.
-            await shards.stop(leave=await _cloud_calls_done(reconciler, 20.0))
+            await shards.stop(leave=await _cloud_calls_done(reconciler, 10.0))
 
     async def login(**_: Any) -> kopf.AiohttpSession:
         creds = await asyncio.to_thread(kubelogin.login)

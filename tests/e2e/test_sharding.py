@@ -159,7 +159,8 @@ def test_replicas_split_resources_and_hand_them_over(kube, aws, own_namespace, s
 
     # A replica that stops gracefully leaves the ring at once (its Lease deleted), and the
     # others take its queues without waiting for it to expire.
-    replicas["a"].stop()
+    # SIGTERM, and time for a busy machine to finish (a SIGKILL would leave the Lease).
+    replicas["a"].stop(timeout=90)
     lease = kube.kubectl(
         "get", "lease", f"{ring}-shard-a", "-n", own_namespace, "-o", "name", check=False
     )
