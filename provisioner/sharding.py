@@ -183,6 +183,13 @@ class Shards:
             "spec": spec,
         }
 
+    def _ring_leases(self) -> list[dict[str, Any]]:
+        """The Leases of this ring's members (blocking)."""
+        found = self.kube.request(
+            "GET", self._leases(), query=[("labelSelector", f"{RING_LABEL}={self.ring}")]
+        )
+        return list((found or {}).get("items") or [])
+
     def renew_membership(self) -> None:
         """Create or renew this replica's Lease (a blocking call)."""
         name = self.lease_name
@@ -197,27 +204,24 @@ class Shards:
     def count_members(self) -> int:
         """Replicas holding a Lease in the ring, dead ones not yet removed included (so a
         share computed from it errs on the small side); tells `on_members`."""
-        found = self.kube.request(
-            "GET", self._leases(), query=[("labelSelector", f"{RING_LABEL}={self.ring}")]
-        )
-        count = sum(
-            1
-            for i in (found or {}).get("items") or []
-            if (i.get("spec") or {}).get("holderIdentity")
-        )
+        count = sum(1 for i in self._ring_leases() if (i.get("spec") or {}).get("holderIdentity"))
         count = max(1, count)
         if self.on_members is not None:
             self.on_members(count)
         return count
 
+    async def _renew(self) -> None:
+        """Renew this replica's Lease; on success, it counts from when the request was sent."""
+        sent = time.monotonic()
+        await asyncio.get_running_loop().run_in_executor(self.renewer, self.renew_membership)
+        self.renewed_at = sent
+
     async def _renew_loop(self) -> None:
         loop = asyncio.get_running_loop()
         rounds = 0
         while True:
-            sent = time.monotonic()
             try:
-                await loop.run_in_executor(self.renewer, self.renew_membership)
-                self.renewed_at = sent
+                await self._renew()
             except Exception as exc:  # noqa: BLE001 - tried again; the watchdog decides
                 log.warning("renewing the shard Lease %s failed: %s", self.lease_name, exc)
             rounds += 1
@@ -246,10 +250,8 @@ class Shards:
         loop = asyncio.get_running_loop()
         delay = 0.5
         while True:
-            sent = time.monotonic()
             try:
-                await loop.run_in_executor(self.renewer, self.renew_membership)
-                self.renewed_at = sent
+                await self._renew()
                 await loop.run_in_executor(self.renewer, self.count_members)
                 return
             except Exception as exc:  # noqa: BLE001 - the API server is not answering yet
@@ -288,9 +290,7 @@ class Shards:
 
     def live_members(self, now: float) -> tuple[frozenset[str], set[str], dict[str, str]]:
         """The live members, the dead ones, and each one's Lease name."""
-        found = self.kube.request(
-            "GET", self._leases(), query=[("labelSelector", f"{RING_LABEL}={self.ring}")]
-        )
+        items = self._ring_leases()
         if self.listed_at is None or now - self.listed_at > 3 * self.renew_seconds:
             # This replica could not look for a while (the API server away, or it just
             # became the sharder): nobody counts as silent for the time it did not look.
@@ -299,7 +299,7 @@ class Shards:
         alive: set[str] = set()
         dead: set[str] = set()
         leases: dict[str, str] = {}
-        for lease in (found or {}).get("items") or []:
+        for lease in items:
             name = lease["metadata"]["name"]
             spec = lease.get("spec") or {}
             member = str(spec.get("holderIdentity") or "")

@@ -113,15 +113,18 @@ class Recording:
         return service, method
 
 
-def replica_turns(path: Path, names: list[str]) -> dict[str, list[str]]:
+def replica_turns(path: Path, names: list[str], start: int = 0) -> dict[str, list[str]]:
     """Per cloud name, the replicas (the app id in each call's user agent) that called the
     cloud naming it, in moto's order, consecutive calls of one replica collapsed: a resource
-    handed over once shows two, one that two replicas acted on at once shows one twice."""
+    handed over once shows two, one that two replicas acted on at once shows one twice.
+    `start`: the recording's lines before it are left out."""
     turns: dict[str, list[str]] = {n: [] for n in names}
     if not path.exists():
         return turns
     with path.open(errors="replace") as f:
-        for line in f:
+        for number, line in enumerate(f):
+            if number < start:
+                continue
             try:
                 entry = json.loads(line)
             except ValueError:

@@ -10,13 +10,13 @@ take turns (A's calls, then B's), never interleave.
 
 from __future__ import annotations
 
-import base64
 import json
 import time
 from collections import Counter
 
 import pytest
 
+from bench.lib.recording import replica_turns
 from tests.conftest import on_moto_only
 from tests.helpers import apply, manifests, merge_patch, wait_for, wait_gone, wait_ready
 
@@ -34,7 +34,7 @@ def start_shard(start_operator, namespace: str, name: str, ring: str):
         env={
             "PROVISIONER_NAMESPACE": namespace,
             "PROVISIONER_SHARD_RING": ring,
-            "AWS_SDK_UA_APP_ID": f"shard-{name}",
+            "AWS_SDK_UA_APP_ID": name,
         },
     )
 
@@ -47,37 +47,6 @@ def owners(kube, namespace: str) -> dict[str, str]:
         labels = item["metadata"].get("labels") or {}
         result[item["metadata"]["name"]] = "" if DRAIN in labels else labels.get(SHARD, "")
     return result
-
-
-def calls_by_replica(kube, names: list[str], start: int = 0) -> dict[str, list[str]]:
-    """Per cloud name, the replicas (by user agent) of the calls naming it, in moto's order."""
-    path = kube.moto.record_to
-    sequence: dict[str, list[str]] = {n: [] for n in names}
-    for line in path.read_text(errors="replace").splitlines()[start:]:
-        entry = json.loads(line)
-        agent = str((entry.get("headers") or {}).get("User-Agent", ""))
-        replica = next(
-            (p[len("app/shard-") :] for p in agent.split() if p.startswith("app/shard-")), None
-        )
-        if replica is None:
-            continue
-        body = entry.get("body") or ""
-        if entry.get("body_encoded"):
-            body = base64.b64decode(body).decode(errors="replace")
-        text = f"{entry.get('url', '')} {body}"
-        for name in names:
-            if name in text:
-                sequence[name].append(replica)
-    return sequence
-
-
-def turns(sequence: list[str]) -> list[str]:
-    """The replicas in the order they took over: consecutive calls of one replica collapsed."""
-    collapsed: list[str] = []
-    for replica in sequence:
-        if not collapsed or collapsed[-1] != replica:
-            collapsed.append(replica)
-    return collapsed
 
 
 def recorded_lines(kube) -> int:
@@ -106,11 +75,10 @@ def test_replicas_split_resources_and_hand_them_over(kube, aws, own_namespace, s
     # Each resource's cloud calls so far: by the replica that holds it last (one that joined
     # while they were being created may have taken some over, after their first owner).
     held = owners(kube, own_namespace)
-    for name, sequence in calls_by_replica(kube, list(cloud.values())).items():
+    for name, order in replica_turns(kube.moto.record_to, list(cloud.values())).items():
         queue = next(n for n, c in cloud.items() if c == name)
-        order = turns(sequence)
-        assert order and order[-1] == held[queue], (queue, sequence)
-        assert len(order) == len(set(order)), (queue, sequence)
+        assert order and order[-1] == held[queue], (queue, order)
+        assert len(order) == len(set(order)), (queue, order)
     leases = json.loads(kube.kubectl("get", "leases", "-n", own_namespace, "-o", "json").stdout)
     holders = {i["spec"].get("holderIdentity") for i in leases["items"]}
     assert {"a", "b", "c"} <= holders, holders
@@ -185,8 +153,7 @@ def test_replicas_split_resources_and_hand_them_over(kube, aws, own_namespace, s
     # Since the kill, per resource: the replicas took turns, none came back to act again
     # after another had started (c's calls, if any, all came before its kill; a's before
     # it stopped, so every deletion was made by b or d).
-    for name, sequence in calls_by_replica(kube, list(cloud.values()), start=mark).items():
-        order = turns(sequence)
-        assert len(order) == len(set(order)), (name, sequence)
-        assert "c" not in order, (name, sequence)
-        assert order and order[-1] in ("b", "d"), (name, sequence)  # deleted by those left
+    for name, order in replica_turns(kube.moto.record_to, list(cloud.values()), mark).items():
+        assert len(order) == len(set(order)), (name, order)
+        assert "c" not in order, (name, order)
+        assert order and order[-1] in ("b", "d"), (name, order)  # deleted by those left
