@@ -37,6 +37,7 @@ from provisioner import (
     VERSION,
     accounts,
     conversion,
+    footprint,
     kubelogin,
     metrics,
     sharding,
@@ -242,12 +243,20 @@ async def wait_for_api(reconciler: Reconciler) -> None:
         delay = min(delay * 2, 5.0)
 
 
+# kopf's requests in flight at once (finalizers, status and progress patches) besides its
+# watch streams. Each connection is a TLS connection holding a 256 KiB read buffer (asyncio's
+# SSLProtocol allocates and zeroes it whole): 8 keep up with the 64 workers kopf runs, whose
+# patches take milliseconds, and cost 2 MB.
+API_REQUESTS_IN_FLIGHT = 8
+
+
 def api_connection_limit(settings: Settings) -> int:
-    """Connections to the API server: the watch streams (three kinds and peering per
-    namespace) plus room for requests. 0 (unlimited) when globs hide the namespace count."""
+    """Connections to the API server: the watch streams (each kind per namespace; peering,
+    CloudAccounts and namespaces cluster-wide) plus `API_REQUESTS_IN_FLIGHT`. 0 (unlimited)
+    when globs hide the namespace count."""
     if any(ch in pattern for pattern in settings.namespaces for ch in "*?!,"):
         return 0
-    return 4 * max(1, len(settings.namespaces)) + 24
+    return len(KINDS) * max(1, len(settings.namespaces)) + 3 + API_REQUESTS_IN_FLIGHT
 
 
 def bounded_session(creds: kubelogin.Credentials, settings: Settings) -> kopf.AiohttpSession:
@@ -345,6 +354,7 @@ def register(
     settings: Settings,
     aws: Aws | None = None,
 ) -> None:
+    footprint.install()
     # Peers of equal priority all pause (kopf), so each replica draws its own once.
     priority = None
     if settings.peering:
