@@ -708,13 +708,16 @@ class Run:
         gone: float | None = None
         remaining = -1
         while time.monotonic() < deadline:
-            remaining = len(self.api.list_items(side.path()))
+            items = self.api.list_items(side.path())
+            remaining = len(items)
             if remaining == 0:
                 gone = time.time()
                 break
-            if status >= 300 and time.monotonic() - asked >= DELETE_RETRY:
-                # The API server gave up on the collection part-way (504 under load): the CRs
-                # it had not reached yet are not being deleted. Ask again for the rest.
+            waiting = any(not item["metadata"].get("deletionTimestamp") for item in items)
+            if waiting and time.monotonic() - asked >= DELETE_RETRY:
+                # The API server gave up on the collection part-way (a 504 under load, or a
+                # success that did not reach every CR): the CRs it had not reached are not
+                # being deleted. Ask again for the rest.
                 status, data = self.api.request("DELETE", side.path())
                 asked, retries = time.monotonic(), retries + 1
             time.sleep(POLL_INTERVAL)
