@@ -251,12 +251,13 @@ API_REQUESTS_IN_FLIGHT = 8
 
 
 def api_connection_limit(settings: Settings) -> int:
-    """Connections to the API server: the watch streams (each kind per namespace; peering,
-    CloudAccounts and namespaces cluster-wide) plus `API_REQUESTS_IN_FLIGHT`. 0 (unlimited)
-    when globs hide the namespace count."""
+    """Connections to the API server: the watch streams (each kind and peering per namespace;
+    CloudAccounts and namespaces cluster-wide), which hold theirs for good, plus
+    `API_REQUESTS_IN_FLIGHT`. 0 (unlimited) when globs hide the namespace count."""
     if any(ch in pattern for pattern in settings.namespaces for ch in "*?!,"):
         return 0
-    return len(KINDS) * max(1, len(settings.namespaces)) + 3 + API_REQUESTS_IN_FLIGHT
+    streams = (len(KINDS) + 1) * max(1, len(settings.namespaces)) + 2
+    return streams + API_REQUESTS_IN_FLIGHT
 
 
 def bounded_session(creds: kubelogin.Credentials, settings: Settings) -> kopf.AiohttpSession:
