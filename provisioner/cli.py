@@ -66,6 +66,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     sys.modules.setdefault("kubernetes", None)  # type: ignore[arg-type]
     import kopf
 
+    from provisioner import footprint
     from provisioner.access import Access
     from provisioner.cloud.budget import BudgetSpecError
     from provisioner.cloud.iam import AccessSettings
@@ -79,6 +80,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         aws_settings = _aws_settings(settings)
     except BudgetSpecError as exc:
+        return _fail(str(exc))
+    try:
+        footprint.install()
+    except RuntimeError as exc:  # a kopf other than the pinned one
         return _fail(str(exc))
     kopf.configure(
         verbose=args.verbose,

@@ -10,6 +10,7 @@ import tracemalloc
 from asyncio import sslproto
 from typing import Any
 
+import pytest
 from kopf._cogs.clients import watching
 from kopf._core.reactor import queueing
 
@@ -133,3 +134,14 @@ def test_kopf_connections_leave_room_for_requests_beside_every_watch() -> None:
     assert api_connection_limit(Settings()) == 15
     # A glob hides how many namespaces will be watched: no limit.
     assert api_connection_limit(Settings(namespaces=["team-*"])) == 0
+
+
+def test_a_kopf_without_the_generator_is_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delattr(watching, "infinite_watch")
+    with pytest.raises(RuntimeError) as refused:
+        footprint.install()
+    assert str(refused.value) == (
+        "kopf has no watching.infinite_watch: managedFields cannot be left out"
+    )
