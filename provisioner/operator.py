@@ -244,9 +244,9 @@ async def wait_for_api(reconciler: Reconciler) -> None:
 
 
 # kopf's requests in flight at once (finalizers, status and progress patches) besides its
-# watch streams. Each connection is a TLS connection holding a 256 KiB read buffer (asyncio's
-# SSLProtocol allocates and zeroes it whole): 8 keep up with the 64 workers kopf runs, whose
-# patches take milliseconds, and cost 2 MB.
+# watch streams. Each connection is a TLS connection holding a read buffer that asyncio
+# allocates and zeroes whole (64 KiB with provisioner.footprint, 256 KiB without): 8 keep up
+# with the 64 workers kopf runs, whose patches take milliseconds.
 API_REQUESTS_IN_FLIGHT = 8
 
 
