@@ -37,7 +37,6 @@ from provisioner import (
     VERSION,
     accounts,
     conversion,
-    footprint,
     kubelogin,
     metrics,
     sharding,
@@ -245,8 +244,9 @@ async def wait_for_api(reconciler: Reconciler) -> None:
 
 # kopf's requests in flight at once (finalizers, status and progress patches) besides its
 # watch streams. Each connection is a TLS connection holding a read buffer that asyncio
-# allocates and zeroes whole (64 KiB with provisioner.footprint, 256 KiB without): 8 keep up
-# with the 64 workers kopf runs, whose patches take milliseconds.
+# allocates and zeroes whole (64 KiB once `provisioner run` has installed
+# provisioner.footprint, 256 KiB without): 8 keep up with the 64 workers kopf runs, whose
+# patches take milliseconds.
 API_REQUESTS_IN_FLIGHT = 8
 
 
@@ -355,7 +355,6 @@ def register(
     settings: Settings,
     aws: Aws | None = None,
 ) -> None:
-    footprint.install()
     # Peers of equal priority all pause (kopf), so each replica draws its own once.
     priority = None
     if settings.peering:
@@ -526,8 +525,7 @@ def register(
         kopf.on.delete(GROUP, VERSION, plural, id="finalize", **kw)(on_delete)
         if shards is not None:
             kopf.on.event(GROUP, VERSION, plural, id=HANDOVER, **kw)(on_drain)
-    if shards is not None:
-        logging.getLogger("kopf.objects").addFilter(_quiet_watches)
+    logging.getLogger("kopf.objects").addFilter(_quiet_watches)
 
 
 ACCOUNT_WATCH, NAMESPACE_WATCH = "cloudaccount-watch", "namespace-watch"
@@ -629,7 +627,6 @@ def _register_accounts(
         on_account_event
     )
     kopf.on.event("", "v1", "namespaces", id=NAMESPACE_WATCH, registry=registry)(on_namespace_event)
-    logging.getLogger("kopf.objects").addFilter(_quiet_watches)
     if not manage or aws is None:
         return
     sessions = aws.sessions

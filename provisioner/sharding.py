@@ -252,7 +252,7 @@ class Shards:
         while True:
             try:
                 await self._renew()
-                await loop.run_in_executor(self.renewer, self.count_members)
+                await loop.run_in_executor(self.executor, self.count_members)
                 return
             except Exception as exc:  # noqa: BLE001 - the API server is not answering yet
                 log.warning("creating the shard Lease %s failed: %s", self.lease_name, exc)
