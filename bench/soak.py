@@ -36,6 +36,7 @@ from bench.lib.recording import overlapping, replica_turns  # noqa: E402
 from bench.lib.synced import SyncedWatch, describe  # noqa: E402
 from provisioner import API_VERSION  # noqa: E402
 from provisioner.kinds import KINDS as REGISTERED  # noqa: E402
+from provisioner.sharding import SHARD_LABEL  # noqa: E402
 from provisioner_dev.cloud import (  # noqa: E402
     DevCloud,
     by_owner,
@@ -65,6 +66,10 @@ KINDS = {
 }
 UPDATES = {k: json.dumps(SAMPLES[k].change(3)[0]) for k in KINDS}
 INVALID = [(k, spec) for k in KINDS for spec in SAMPLES[k].invalid]
+
+
+def shard_name(op: OperatorProcess) -> str | None:
+    return next((a.split("=", 1)[1] for a in op.extra_args if a.startswith("--shard-name=")), None)
 
 
 def log(message: str) -> None:
@@ -118,7 +123,9 @@ class Soak:
     def killer(self) -> None:
         """SIGKILL an operator at random moments and bring it back. Sharded (--replicas), the
         one that comes back has a new shard name, as a Deployment's new pod does: every kill
-        is a replica leaving without a word and another joining. An operator that exited by
+        is a replica leaving without a word and another joining; and the one killed is one
+        holding work (a Ready resource labelled with its name, which it has called the cloud
+        for), so that every kill hands something over. An operator that exited by
         itself (a sharded one whose Lease could not be renewed while the API server was
         down) is started again, as the kubelet would."""
         while not self.stop_killing.wait(self.rng.uniform(self.args.kill_min, self.args.kill_max)):
@@ -127,6 +134,9 @@ class Soak:
                 if self.kills >= self.args.kills:
                     continue
                 running = [op for op in self.stack.operators if op.proc is not None]
+                if self.args.replicas:
+                    busy = self.busy_shards()
+                    running = [op for op in running if shard_name(op) in busy]
                 if not running:
                     continue
                 op = self.rng.choice(running)
@@ -162,6 +172,17 @@ class Soak:
             op.extra_env = {**op.extra_env, **env}
             op.log = log_file
             op.start(timeout=120)
+
+    def busy_shards(self) -> set[str]:
+        """The shard names that own a Ready resource."""
+        return {
+            str((item["metadata"].get("labels") or {}).get(SHARD_LABEL))
+            for item in self.listing()
+            if any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in (item.get("status") or {}).get("conditions", [])
+            )
+        }
 
     def revive(self) -> None:
         """Start again every operator whose process has exited by itself."""

@@ -16,7 +16,9 @@
   then gives it to the new owner. A resource whose owner is dead (its Lease not renewed for
   the Lease's duration, as the sharder has observed it: its own clock, not the timestamp, so
   clock skew between nodes does not count) is relabelled at once: the owner stopped acting at
-  two thirds of that time. So two replicas never act on one resource at once.
+  two thirds of that time. So two replicas never act on one resource at once. A replica that
+  sees the sharder miss its renewals times the members' Leases too, so that the replicas that
+  die with the sharder move one Lease's duration later, not two.
 
 Every patch of the sharder carries the resourceVersion it decided on: a resource changed
 meanwhile is decided again on the next round, never overwritten.
@@ -277,6 +279,11 @@ class Shards:
             duration = float(spec.get("leaseDurationSeconds") or self.lease_seconds)
             if now - first_seen < duration:
                 self.led_at = None
+                # The sharder has missed a renewal: this replica may take over soon, so it
+                # starts timing the members' Leases now. Whoever dies with the sharder (a node
+                # lost) then moves one Lease's duration after it, not two.
+                if now - first_seen > 2 * self.renew_seconds + 1.0:
+                    self.live_members(now)
                 return False  # another replica leads, alive as far as this one has seen
         body = self._lease_body(name, existing)
         if existing is None:
@@ -292,9 +299,10 @@ class Shards:
         """The live members, the dead ones, and each one's Lease name."""
         items = self._ring_leases()
         if self.listed_at is None or now - self.listed_at > 3 * self.renew_seconds:
-            # This replica could not look for a while (the API server away, or it just
-            # became the sharder): nobody counts as silent for the time it did not look.
-            self.clock.seen.clear()
+            # This replica could not look for a while (the API server away, or it had not
+            # been looking): no member counts as silent for the time it did not look. (The
+            # sharder Lease has its own account, in `lead`.)
+            self.clock.forget_except([self.sharder_lease])
         self.listed_at = now
         alive: set[str] = set()
         dead: set[str] = set()

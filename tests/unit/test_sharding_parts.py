@@ -151,3 +151,62 @@ def test_time_the_sharder_could_not_look_does_not_count():
     for now in range(161, 175):
         assert "b" in shards.live_members(float(now))[0]
     assert "b" in shards.live_members(175.0)[1]
+
+
+class FakeRing(FakeLeases):
+    """Also the sharder Lease, held by `sharder` and renewed at `sharder_renewed`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sharder, self.sharder_renewed = "a", "s0"
+        self.lists = 0
+
+    def request(self, method: str, path: str, body=None, **kw: object):
+        if path.endswith("/leases/ring-sharder"):
+            if method == "PUT":
+                self.sharder = body["spec"]["holderIdentity"]
+                self.sharder_renewed = body["spec"]["renewTime"]
+                return body
+            spec = {"holderIdentity": self.sharder, "renewTime": self.sharder_renewed}
+            return {
+                "metadata": {"name": "ring-sharder"},
+                "spec": spec | {"leaseDurationSeconds": 15},
+            }
+        self.lists += 1
+        return super().request(method, path, body, **kw)
+
+
+def test_the_replicas_that_die_with_the_sharder_move_one_lease_duration_later():
+    """Replica b times the members' Leases as soon as the sharder misses its renewals: when
+    it takes over, 15 s after a and c stopped, they are dead 15 s after it first saw them
+    silent, not 15 s after it became the sharder."""
+    kube = FakeRing()
+    shards = sharding.Shards(kube, "ops", "ring", "b", lease_seconds=15)
+    kube.renewals = {"a": "t0", "b": "t0", "c": "t0"}
+    assert shards.lead(100.0) is False
+    assert kube.lists == 0  # a live sharder: the members are not listed
+    for now in range(101, 115):  # a (the sharder) and c stop renewing; b goes on
+        kube.renewals["b"] = f"t{now}"
+        assert shards.lead(float(now)) is False
+    assert kube.lists > 0
+    kube.renewals["b"] = "t115"
+    assert shards.lead(115.0) is True and kube.sharder == "b"
+    for now in range(115, 121):  # the sharder's rounds, every second
+        kube.renewals["b"] = f"t{now}"
+        assert shards.live_members(float(now))[1] == set()  # first seen silent at 106
+    _, dead, _ = shards.live_members(121.5)
+    assert dead == {"a", "c"}
+
+
+def test_a_sharder_renewing_again_stops_the_members_being_timed():
+    kube = FakeRing()
+    shards = sharding.Shards(kube, "ops", "ring", "b", lease_seconds=15)
+    kube.renewals = {"a": "t0", "b": "t0"}
+    for now in range(100, 108):
+        shards.lead(float(now))
+    listed = kube.lists
+    assert listed > 0
+    kube.sharder_renewed = "s1"  # the sharder is back
+    for now in range(108, 113):
+        assert shards.lead(float(now)) is False
+    assert kube.lists == listed
