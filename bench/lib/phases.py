@@ -115,6 +115,7 @@ def changes(b: Bench) -> bool:
     b.mark_cpu("changes")
     deadline = time.monotonic() + o.timeout
     latencies: list[tuple[str, float]] = []
+    slowest: list[tuple[float, str]] = []
     failures: list[str] = []
     patches: list[str] = []
     lock = threading.Lock()
@@ -143,6 +144,7 @@ def changes(b: Bench) -> bool:
                     seen = (previous + time.monotonic()) / 2
                     with lock:
                         latencies.append((cr.kind, seen - returned))
+                        slowest.append((seen - returned, f"{cr.kind} {cr.namespace}/{cr.name}"))
                     return
                 previous = asked
                 time.sleep(0.05)
@@ -170,6 +172,12 @@ def changes(b: Bench) -> bool:
             for k in KINDS
             if any(kind == k.kind for kind, _ in latencies)
         },
+        "per_kind_max_s": {
+            k.kind: rounded(max(v for kind, v in latencies if kind == k.kind))
+            for k in KINDS
+            if any(kind == k.kind for kind, _ in latencies)
+        },
+        "slowest": [f"{what} {rounded(v)} s" for v, what in sorted(slowest, reverse=True)[:5]],
         "failures": failures[:20],
         "writes": writes,
         "aws_calls": b.recording.calls(aws0, aws1),
