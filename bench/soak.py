@@ -34,6 +34,7 @@ if str(ROOT) not in sys.path:
 
 from bench.lib.recording import overlapping, replica_turns  # noqa: E402
 from bench.lib.synced import SyncedWatch, describe  # noqa: E402
+from bench.lib.workload import ready_condition  # noqa: E402
 from provisioner import API_VERSION  # noqa: E402
 from provisioner.kinds import KINDS as REGISTERED  # noqa: E402
 from provisioner.sharding import SHARD_LABEL  # noqa: E402
@@ -70,6 +71,10 @@ INVALID = [(k, spec) for k in KINDS for spec in SAMPLES[k].invalid]
 
 def shard_name(op: OperatorProcess) -> str | None:
     return next((a.split("=", 1)[1] for a in op.extra_args if a.startswith("--shard-name=")), None)
+
+
+def is_ready(item: dict) -> bool:
+    return (ready_condition(item) or {}).get("status") == "True"
 
 
 def log(message: str) -> None:
@@ -178,10 +183,7 @@ class Soak:
         return {
             str((item["metadata"].get("labels") or {}).get(SHARD_LABEL))
             for item in self.listing()
-            if any(
-                c["type"] == "Ready" and c["status"] == "True"
-                for c in (item.get("status") or {}).get("conditions", [])
-            )
+            if is_ready(item)
         }
 
     def revive(self) -> None:
@@ -282,11 +284,8 @@ class Soak:
     def not_ready(self, generation: int = 1) -> int:
         left = 0
         for item in self.listing():
-            status = item.get("status") or {}
-            ready = any(
-                c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", [])
-            )
-            if not ready or status.get("observedGeneration", 0) < generation:
+            observed = (item.get("status") or {}).get("observedGeneration", 0)
+            if not is_ready(item) or observed < generation:
                 left += 1
         return left + max(0, len(self.names) - len(self.listing()))
 

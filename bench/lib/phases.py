@@ -114,8 +114,7 @@ def changes(b: Bench) -> bool:
     aws0 = b.recording.mark()
     b.mark_cpu("changes")
     deadline = time.monotonic() + o.timeout
-    latencies: list[tuple[str, float]] = []
-    slowest: list[tuple[float, str]] = []
+    latencies: list[tuple[float, Cr]] = []
     failures: list[str] = []
     patches: list[str] = []
     lock = threading.Lock()
@@ -143,8 +142,7 @@ def changes(b: Bench) -> bool:
                     # before this one was answered.
                     seen = (previous + time.monotonic()) / 2
                     with lock:
-                        latencies.append((cr.kind, seen - returned))
-                        slowest.append((seen - returned, f"{cr.kind} {cr.namespace}/{cr.name}"))
+                        latencies.append((seen - returned, cr))
                     return
                 previous = asked
                 time.sleep(0.05)
@@ -158,7 +156,9 @@ def changes(b: Bench) -> bool:
     settled, _, _ = b.settle(cap=15.0)
     aws1 = b.recording.mark()
     b.mark_cpu("changes_end")
-    values = [v for _, v in latencies]
+    values = [v for v, _ in latencies]
+    by_kind = {k.kind: [v for v, cr in latencies if cr.kind == k.kind] for k in KINDS}
+    by_kind = {kind: vs for kind, vs in by_kind.items() if vs}
     writes = categorize(write_delta(writes0, settled), client_patches=len(patches))
     b.results["changes"] = {
         "requested": len(chosen),
@@ -167,17 +167,12 @@ def changes(b: Bench) -> bool:
         "p50_s": rounded(percentile(values, 50)),
         "p99_s": rounded(percentile(values, 99)),
         "max_s": rounded(max(values) if values else None),
-        "per_kind_p50_s": {
-            k.kind: rounded(percentile([v for kind, v in latencies if kind == k.kind], 50))
-            for k in KINDS
-            if any(kind == k.kind for kind, _ in latencies)
-        },
-        "per_kind_max_s": {
-            k.kind: rounded(max(v for kind, v in latencies if kind == k.kind))
-            for k in KINDS
-            if any(kind == k.kind for kind, _ in latencies)
-        },
-        "slowest": [f"{what} {rounded(v)} s" for v, what in sorted(slowest, reverse=True)[:5]],
+        "per_kind_p50_s": {k: rounded(percentile(vs, 50)) for k, vs in by_kind.items()},
+        "per_kind_max_s": {k: rounded(max(vs)) for k, vs in by_kind.items()},
+        "slowest": [
+            f"{cr.kind} {cr.namespace}/{cr.name} {rounded(v)} s"
+            for v, cr in sorted(latencies, key=lambda t: t[0], reverse=True)[:5]
+        ],
         "failures": failures[:20],
         "writes": writes,
         "aws_calls": b.recording.calls(aws0, aws1),
