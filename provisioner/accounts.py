@@ -14,26 +14,46 @@ Refusals happen before any cloud call, in any account: `AccountNotFound`,
 `AccountNotAllowed` (the namespace is not selected), `RegionNotAllowed`. A resource being
 deleted that already lives in an account may still clean up there, selected or not.
 
+A `spec.region` must be a region the operator knows (`Directory.check_region`), checked
+before anything else, with CloudAccounts served or not: one of botocore's endpoint table
+(every partition's regions), the operator's own `--region`, its `--extra-regions` (regions
+newer than the pinned botocore) or one a CloudAccount lists. Anything else is `InvalidSpec`
+before any cloud call, so that no client, call budget bucket or metric label is ever made
+for it: those exist per known region and account only.
+
 The directory is fed by watches of CloudAccounts and Namespaces; a name it has not seen is
 read from the API server once (a resource may be resumed before the watch lists it).
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from provisioner import annotation_keys
 from provisioner import conditions as cond
+from provisioner.cloud import botodata
 from provisioner.cloud.assume import AccountRef
+
+if TYPE_CHECKING:
+    from provisioner.config import Settings
 
 PLURAL = "cloudaccounts"
 KIND = "CloudAccount"
 # A name the API server does not know is asked again after this long at most.
 MISS_TTL = 5.0
+
+
+@functools.cache
+def botocore_regions() -> frozenset[str]:
+    """Every region of every partition in botocore's endpoint table (the pruned copy the
+    operator ships, provisioner/cloud/botodata.py)."""
+    table = botodata.Loader().load_data("endpoints")
+    return frozenset(str(r) for p in table["partitions"] for r in p.get("regions") or {})
 
 
 def pinned(status: Mapping[str, Any]) -> bool:
@@ -174,6 +194,41 @@ class Directory:
 
     # -- read by the reconciler (blocking: runs on the cloud thread pool) -------------
 
+    def lists_region(self, region: str) -> bool:
+        """Whether a known CloudAccount allows `region` or makes it its default."""
+        with self._lock:
+            return any(
+                region in a.regions or region == a.default_region for a in self.accounts.values()
+            )
+
+    @staticmethod
+    def check_region(
+        directory: Directory | None,
+        spec_region: str,
+        status: Mapping[str, Any],
+        settings: Settings,
+        deleting: bool = False,
+    ) -> None:
+        """AccountRefused (InvalidSpec) for a spec.region the operator does not know (the
+        module's docstring); `directory` None: no CloudAccounts served. Being deleted, a
+        resource may still act in the region its status records it lives in."""
+        region = spec_region
+        if (
+            not region
+            or region in botocore_regions()
+            or region == settings.region
+            or region in settings.extra_regions
+            or (directory is not None and directory.lists_region(region))
+            or (deleting and region == status.get("region"))
+        ):
+            return
+        raise AccountRefused(
+            cond.INVALID_SPEC,
+            f"spec.region {region}: not an AWS region this operator knows (those of its "
+            "botocore, its own, its --extra-regions and the CloudAccounts'); no cloud call "
+            "was made",
+        )
+
     def in_use(self) -> bool:
         """Whether any CloudAccount is known (then where a resource lives must be pinned)."""
         with self._lock:
@@ -226,6 +281,15 @@ class Directory:
             name = spec_account or self.namespace(namespace).default_account
         region = spec_region
         pinned_region = str(status.get("region") or "")
+        if lives and pinned_region and region and region != pinned_region:
+            if deleting:
+                region = pinned_region  # deleted where it lives, whatever the spec says now
+            else:
+                raise AccountRefused(
+                    cond.INVALID_SPEC,
+                    f"spec.region {region}: this resource already lives in {pinned_region}; "
+                    "a cloud resource cannot move between regions",
+                )
         if not name:
             return Placement(None, region or pinned_region or default_region)
         account = self.account(name)

@@ -29,9 +29,29 @@ def _number(name: str, default: str, kind: type[int] | type[float] = int) -> Any
         raise ConfigError(f"{name}={value!r} is not a number{hint}") from None
 
 
+# An AWS region's name (the CRDs' pattern for spec.region), at most REGION_MAX_LENGTH long.
+REGION_PATTERN = re.compile(r"[a-z]{2,4}(-[a-z]+){1,3}-[0-9]{1,2}")
+REGION_MAX_LENGTH = 32
+
+
+def region_list(value: str) -> tuple[str, ...]:
+    """`ab-new-1,cd-new-2` -> the regions; ConfigError for one that is no region's name."""
+    regions = tuple(r.strip() for r in value.split(",") if r.strip())
+    for region in regions:
+        if len(region) > REGION_MAX_LENGTH or not REGION_PATTERN.fullmatch(region):
+            raise ConfigError(
+                f"extra region {region!r} is not a region's name (e.g. eu-west-1, at most "
+                f"{REGION_MAX_LENGTH} characters; --extra-regions or PROVISIONER_EXTRA_REGIONS)"
+            )
+    return regions
+
+
 @dataclass(frozen=True)
 class Settings:
     region: str = "us-east-1"
+    # Regions spec.region may name besides those of botocore's endpoint table, `region` and
+    # the CloudAccounts' (provisioner/accounts.py): AWS regions newer than the pinned botocore.
+    extra_regions: tuple[str, ...] = ()
     endpoint_url: str | None = None
     cluster_id: str = "default"
     # Empty means every namespace (cluster-wide). kopf glob patterns are accepted.
@@ -45,6 +65,9 @@ class Settings:
     peering_priority: int | None = None
     peering_lifetime: int = 60
     workers: int = 32
+    # Passes one namespace may have in flight at once (None: a quarter of `workers`, at least
+    # 1; 0: no cap): another namespace's resources always find a slot free.
+    namespace_max_passes: int | None = None
     # Client-side AWS call budget: overrides of the documented limits, e.g. "rds=300:12,s3=off"
     # (provisioner/cloud/budget.py), and how long throttling is absorbed before a call fails.
     aws_budget: str = ""
@@ -80,6 +103,21 @@ class Settings:
     shard_name: str = ""
     shard_lease_seconds: int = 15
     shard_ring: str = "provisioner"
+    # Whether the cloud.provisioner.dev/requested-by annotation can be trusted: "verified"
+    # where an admission policy lets only the creating user set it (the chart's), so Events
+    # and logs name the requester; "unverified" (the default): they name nobody.
+    requested_by: str = "unverified"
+
+    @property
+    def requester_verified(self) -> bool:
+        return self.requested_by == VERIFIED
+
+    @property
+    def passes_per_namespace(self) -> int:
+        """The cap of one namespace's passes in flight (0: none)."""
+        if self.namespace_max_passes is None:
+            return max(1, self.workers // 4)
+        return max(0, self.namespace_max_passes)
 
     @property
     def manages_accounts(self) -> bool:
@@ -95,6 +133,7 @@ class Settings:
             or _env("AWS_REGION")
             or _env("AWS_DEFAULT_REGION")
             or "us-east-1",
+            extra_regions=region_list(_env("PROVISIONER_EXTRA_REGIONS")),
             endpoint_url=_env("PROVISIONER_AWS_ENDPOINT_URL") or _env("AWS_ENDPOINT_URL") or None,
             cluster_id=_env("PROVISIONER_CLUSTER_ID", "default"),
             namespaces=namespaces,
@@ -108,6 +147,9 @@ class Settings:
             else None,
             peering_lifetime=_number("PROVISIONER_PEERING_LIFETIME", "60"),
             workers=_number("PROVISIONER_WORKERS", "32"),
+            namespace_max_passes=_number("PROVISIONER_NAMESPACE_MAX_PASSES", "")
+            if _env("PROVISIONER_NAMESPACE_MAX_PASSES")
+            else None,
             aws_budget=_env("PROVISIONER_AWS_BUDGET"),
             aws_budget_max_throttled_seconds=_number(
                 "PROVISIONER_AWS_BUDGET_MAX_THROTTLED_SECONDS", "60", float
@@ -129,7 +171,20 @@ class Settings:
             shard_name=_env("PROVISIONER_SHARD_NAME") or _env("POD_NAME") or _env("HOSTNAME"),
             shard_lease_seconds=_number("PROVISIONER_SHARD_LEASE_SECONDS", "15"),
             shard_ring=_env("PROVISIONER_SHARD_RING", "provisioner"),
+            requested_by=_requested_by(_env("PROVISIONER_REQUESTED_BY") or UNVERIFIED),
         )
+
+
+VERIFIED, UNVERIFIED = "verified", "unverified"
+
+
+def _requested_by(value: str) -> str:
+    if value.lower() not in (VERIFIED, UNVERIFIED):
+        raise ConfigError(
+            f"PROVISIONER_REQUESTED_BY={value!r}: {VERIFIED} (an admission policy lets only "
+            f"the creating user set cloud.provisioner.dev/requested-by) or {UNVERIFIED}"
+        )
+    return value.lower()
 
 
 def _switch(value: str) -> bool | None:
@@ -140,6 +195,11 @@ def _switch(value: str) -> bool | None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--region", help="AWS region (env PROVISIONER_REGION or AWS_REGION)")
+    parser.add_argument(
+        "--extra-regions",
+        help="regions spec.region may name that botocore does not know yet, comma-separated "
+        "(env PROVISIONER_EXTRA_REGIONS)",
+    )
     parser.add_argument(
         "--endpoint-url", help="AWS endpoint, e.g. moto or LocalStack (env AWS_ENDPOINT_URL)"
     )
@@ -168,6 +228,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--peering-lifetime", type=int, help="seconds before a silent peer counts as dead (60)"
     )
     parser.add_argument("--workers", type=int, help="resources reconciled at once (default 32)")
+    parser.add_argument(
+        "--namespace-max-passes",
+        type=int,
+        help="resources of one namespace reconciled at once (default: a quarter of --workers, "
+        "at least 1; 0: no cap)",
+    )
     parser.add_argument(
         "--aws-budget",
         help="AWS call budget overrides, NAME=BURST:RATE or NAME=off, comma-separated "
@@ -231,6 +297,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--eks-cluster",
         help="with --access=pod-identity: the EKS cluster's name (env PROVISIONER_EKS_CLUSTER)",
     )
+    parser.add_argument(
+        "--requested-by",
+        choices=[VERIFIED, UNVERIFIED],
+        help="verified: an admission policy lets only the creating user set the "
+        "cloud.provisioner.dev/requested-by annotation (the chart's), and Events and logs name "
+        "the requester; unverified (default): they name nobody (env PROVISIONER_REQUESTED_BY)",
+    )
 
 
 def from_args(args: argparse.Namespace) -> Settings:
@@ -239,6 +312,9 @@ def from_args(args: argparse.Namespace) -> Settings:
         key: value
         for key, value in {
             "region": args.region,
+            "extra_regions": None
+            if getattr(args, "extra_regions", None) is None
+            else region_list(args.extra_regions),
             "endpoint_url": args.endpoint_url,
             "cluster_id": args.cluster_id,
             "namespaces": args.namespaces,
@@ -250,6 +326,7 @@ def from_args(args: argparse.Namespace) -> Settings:
             "peering_priority": args.peering_priority,
             "peering_lifetime": args.peering_lifetime,
             "workers": args.workers,
+            "namespace_max_passes": getattr(args, "namespace_max_passes", None),
             "aws_budget": args.aws_budget,
             "aws_budget_max_throttled_seconds": args.aws_budget_max_throttled_seconds,
             "accounts": None if args.accounts is None else args.accounts == "on",
@@ -263,6 +340,7 @@ def from_args(args: argparse.Namespace) -> Settings:
             "sharding": None if getattr(args, "sharding", None) is None else args.sharding == "on",
             "shard_name": getattr(args, "shard_name", None),
             "shard_lease_seconds": getattr(args, "shard_lease_seconds", None),
+            "requested_by": getattr(args, "requested_by", None),
         }.items()
         if value is not None
     }
@@ -285,6 +363,11 @@ def check_sharding(settings: Settings) -> None:
         raise ConfigError(
             f"shard name {settings.shard_name!r} must be 1-63 lower-case letters, digits, '-' "
             "or '.', starting and ending with a letter or digit (--shard-name or env POD_NAME)"
+        )
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", settings.shard_ring):
+        raise ConfigError(
+            f"shard ring {settings.shard_ring!r} must be 1-63 lower-case letters, digits or '-', "
+            "starting and ending with a letter or digit (PROVISIONER_SHARD_RING)"
         )
     if settings.shard_lease_seconds < 3:
         raise ConfigError(

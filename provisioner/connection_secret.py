@@ -8,26 +8,30 @@ import json
 import re
 import secrets as _secrets
 import string
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote
 
 from provisioner import API_VERSION, GROUP
-from provisioner.models import Resource
+from provisioner.models import Resource, label_value
 
 HASH_ANNOTATION = f"{GROUP}/content-hash"
-# The templates (spec.connectionSecret.keys) the data was rendered with; no values, so that
-# the master password can be found again in the Secret after a template change.
-TEMPLATE_ANNOTATION = f"{GROUP}/template"
+# Where the master password sits in the data ({"key", "offset", "length"}), so that it can be
+# found again after a template change without reading any template or pattern from the Secret.
+PASSWORD_AT_ANNOTATION = f"{GROUP}/password-at"
 # {{ .host }}: the CRD's CEL rule allows these placeholders and nothing else between braces.
 PLACEHOLDER = re.compile(r"\{\{ *\.([A-Za-z]+) *\}\}")
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "provisioner"
 OWNER_KIND_LABEL = f"{GROUP}/owner-kind"
-OWNER_NAME_LABEL = f"{GROUP}/owner-name"
+OWNER_NAME_LABEL = f"{GROUP}/owner-name"  # models.label_value of the name
 
 # Letters and digits only: accepted by every RDS engine and safe in a URI unescaped.
 PASSWORD_ALPHABET = string.ascii_letters + string.digits
 PASSWORD_LENGTH = 32
+# What a password found again in a Secret may look like (generated ones are PASSWORD_LENGTH).
+MIN_PASSWORD_LENGTH = 8
+MAX_PASSWORD_LENGTH = 128
 
 
 class SecretConflict(RuntimeError):
@@ -58,37 +62,88 @@ def render(templates: dict[str, str], values: dict[str, str]) -> dict[str, str]:
     return out
 
 
-def stored_password(secret: dict[str, Any]) -> str | None:
-    """The master password in a connection Secret, however its templates spelled it."""
+def stored_password(
+    secret: dict[str, Any],
+    templates: Mapping[str, str],
+    fill: Callable[[str], dict[str, str]] | None = None,
+) -> str | None:
+    """The master password in a connection Secret, or None when it cannot be found.
+
+    Nothing read from the Secret becomes a pattern or a template: the Secret only says where
+    the password sits (`PASSWORD_AT_ANNOTATION`: a key, an offset and a length, checked
+    against the data), and a Secret without that annotation is read against `templates`,
+    the resource's own spec, filled by `fill` (the cloud's values with a given password).
+    Both ways take time linear in the Secret's size.
+    """
     data = decode(secret)
     annotations = secret.get("metadata", {}).get("annotations") or {}
-    try:
-        templates = json.loads(annotations.get(TEMPLATE_ANNOTATION) or "{}")
-    except ValueError:
-        templates = {}
-    if not isinstance(templates, dict) or not templates:
-        return data.get("password") or None
-    for key, template in templates.items():
-        if key in data and (found := _password_in(str(template), data[key])):
-            return found
+    found = _at_recorded_place(data, annotations.get(PASSWORD_AT_ANNOTATION))
+    if found:
+        return found
+    if not templates:
+        password = data.get("password") or ""
+        return password if _is_password(password) else None
+    return _rendered_from(data, templates, fill) if fill else None
+
+
+def password_location(data: Mapping[str, str], password: str) -> str | None:
+    """Where `password` sits in `data` (the annotation's value), or None if nowhere."""
+    for key in sorted(data):
+        offset = data[key].find(password)
+        if offset >= 0:
+            return json.dumps({"key": key, "offset": offset, "length": len(password)})
     return None
 
 
-def _password_in(template: str, value: str) -> str | None:
-    """The password in `value`, rendered from `template` (via .password or .uri)."""
-    pattern, pos, seen = "", 0, False
-    for match in PLACEHOLDER.finditer(template):
-        pattern += re.escape(template[pos : match.start()])
-        name, pos = match.group(1), match.end()
-        if name not in ("password", "uri"):
-            pattern += ".*?"
+def _is_password(text: str) -> bool:
+    return MIN_PASSWORD_LENGTH <= len(text) <= MAX_PASSWORD_LENGTH and all(
+        c in PASSWORD_ALPHABET for c in text
+    )
+
+
+def _at_recorded_place(data: Mapping[str, str], recorded: str | None) -> str | None:
+    if not recorded or len(recorded) > 1024:
+        return None
+    try:
+        place = json.loads(recorded)
+    except ValueError:
+        return None
+    if not isinstance(place, dict):
+        return None
+    key, offset, length = place.get("key"), place.get("offset"), place.get("length")
+    if not (isinstance(key, str) and isinstance(offset, int) and isinstance(length, int)):
+        return None
+    value = data.get(key) or ""
+    if offset < 0 or length <= 0:
+        return None
+    candidate = value[offset : offset + length]
+    return candidate if len(candidate) == length and _is_password(candidate) else None
+
+
+def _rendered_from(
+    data: Mapping[str, str], templates: Mapping[str, str], fill: Callable[[str], dict[str, str]]
+) -> str | None:
+    """The password in data rendered from `templates`: each value is the template filled with
+    the known values, split where the password goes; the password is what fills the gaps."""
+    marker = generate_password()
+    try:
+        rendered = render(dict(templates), fill(marker))
+    except TemplateError:
+        return None
+    for key in sorted(rendered):
+        value = data.get(key)
+        parts = rendered[key].split(marker)
+        gaps = len(parts) - 1
+        if value is None or not gaps:
             continue
-        group = "(?P=pw)" if seen else f"(?P<pw>[{PASSWORD_ALPHABET}]+)"
-        pattern += group if name == "password" else f"[a-z]+://[^:/@]*:{group}@.*?"
-        seen = True
-    pattern += re.escape(template[pos:])
-    found = re.fullmatch(pattern, value, re.DOTALL) if seen else None
-    return found.group("pw") if found else None
+        room = len(value) - sum(len(part) for part in parts)
+        if room <= 0 or room % gaps:
+            continue
+        start = len(parts[0])
+        candidate = value[start : start + room // gaps]
+        if _is_password(candidate) and candidate.join(parts) == value:
+            return candidate
+    return None
 
 
 def generate_password(length: int = PASSWORD_LENGTH) -> str:
@@ -113,10 +168,16 @@ def owned_by(secret: dict[str, Any], resource: Resource) -> bool:
     return any(ref.get("uid") == resource.uid for ref in refs)
 
 
-def build(resource: Resource, data: dict[str, str]) -> dict[str, Any]:
-    annotations = {HASH_ANNOTATION: content_hash(data)}
-    if resource.secret_keys:
-        annotations[TEMPLATE_ANNOTATION] = json.dumps(resource.secret_keys, sort_keys=True)
+def own_annotations(data: Mapping[str, str], password: str | None = None) -> dict[str, str]:
+    """The annotations the operator keeps on a connection Secret for `data`."""
+    annotations = {HASH_ANNOTATION: content_hash(dict(data))}
+    if password and (place := password_location(data, password)):
+        annotations[PASSWORD_AT_ANNOTATION] = place
+    return annotations
+
+
+def build(resource: Resource, data: dict[str, str], password: str | None = None) -> dict[str, Any]:
+    annotations = own_annotations(data, password)
     return {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -127,7 +188,7 @@ def build(resource: Resource, data: dict[str, str]) -> dict[str, Any]:
             "labels": {
                 MANAGED_BY_LABEL: MANAGED_BY,
                 OWNER_KIND_LABEL: resource.kind,
-                OWNER_NAME_LABEL: resource.name,
+                OWNER_NAME_LABEL: label_value(resource.name),
             },
             "annotations": annotations,
             "ownerReferences": [
@@ -145,7 +206,12 @@ def build(resource: Resource, data: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def needs_write(existing: dict[str, Any] | None, resource: Resource, data: dict[str, str]) -> bool:
+def needs_write(
+    existing: dict[str, Any] | None,
+    resource: Resource,
+    data: dict[str, str],
+    password: str | None = None,
+) -> bool:
     """Whether the Secret must be (re)written; raises SecretConflict for a foreign one."""
     if existing is None:
         return False if not data else True
@@ -156,7 +222,8 @@ def needs_write(existing: dict[str, Any] | None, resource: Resource, data: dict[
             "or remove that Secret"
         )
     annotations = existing.get("metadata", {}).get("annotations") or {}
-    if annotations.get(HASH_ANNOTATION) != content_hash(data):
+    wanted = own_annotations(data, password)
+    if any(annotations.get(key) != value for key, value in wanted.items()):
         return True
     # The hash annotation matches; make sure nobody edited the values behind it.
     return content_hash(decode(existing)) != content_hash(data)

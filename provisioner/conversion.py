@@ -12,16 +12,22 @@ The differences (docs/api.md, "v1beta1"):
 
 Status, metadata and every other spec field are the same in both versions and copied as
 they are. The functions are pure and never mutate their argument.
+
+The API server checks an object written at v1alpha1 against v1alpha1's schema only, where the
+annotation is a string like any other. So `convert` checks what it lifts out of the annotation
+against v1beta1's rules (provisioner/v1beta1_rules.py) and refuses, with the rule's message,
+what v1beta1 would refuse: the write fails as it would have at v1beta1.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
-from provisioner import GROUP
+from provisioner import GROUP, v1beta1_rules
 
 V1ALPHA1 = "v1alpha1"
 V1BETA1 = "v1beta1"
@@ -31,6 +37,9 @@ HUB = V1BETA1
 KINDS = ("DatabaseInstance", "S3Bucket", "Queue", "Topic")
 # On the v1alpha1 form: the v1beta1 fields v1alpha1 has no place for, as JSON.
 FIELDS_ANNOTATION = f"{GROUP}/v1beta1-fields"
+# The API server's limit on all of an object's annotations together (256 KiB): a longer
+# annotation cannot come from an object it holds.
+MAX_FIELDS_CHARS = 256 * 1024
 
 
 class ConversionError(ValueError):
@@ -41,7 +50,7 @@ def version_of(body: Mapping[str, Any]) -> str:
     api_version = str(body.get("apiVersion") or "")
     group, _, version = api_version.rpartition("/")
     if group != GROUP or version not in SERVED:
-        raise ConversionError(f"apiVersion {api_version!r} is not one of {GROUP}/{SERVED}")
+        raise ConversionError(f"apiVersion {_brief(api_version)} is not one of {GROUP}/{SERVED}")
     return version
 
 
@@ -49,14 +58,15 @@ def convert(body: Mapping[str, Any], desired: str) -> dict[str, Any]:
     """`body` at `desired` (`v1alpha1`, `v1beta1` or `group/version`)."""
     desired = desired.rpartition("/")[2]
     if desired not in SERVED:
-        raise ConversionError(f"cannot convert to {desired!r}: served are {', '.join(SERVED)}")
+        served = ", ".join(SERVED)
+        raise ConversionError(f"cannot convert to {_brief(desired)}: served are {served}")
     current = version_of(body)
     out = copy.deepcopy(dict(body))
     if current == desired:
         return out
-    if str(out.get("kind")) not in KINDS:
-        raise ConversionError(f"kind {out.get('kind')!r} has no version {desired}")
-    out = to_v1beta1(out) if desired == V1BETA1 else to_v1alpha1(out)
+    if out.get("kind") not in KINDS:
+        raise ConversionError(f"kind {_brief(out.get('kind'))} has no version {desired}")
+    out = to_v1beta1(out, checked=True) if desired == V1BETA1 else to_v1alpha1(out)
     out["apiVersion"] = f"{GROUP}/{desired}"
     return out
 
@@ -73,18 +83,28 @@ def to_internal(body: Mapping[str, Any]) -> dict[str, Any]:
     return convert(body, HUB)
 
 
-def to_v1beta1(out: dict[str, Any]) -> dict[str, Any]:
-    """v1alpha1 -> v1beta1, in place on a copy."""
+def to_v1beta1(out: dict[str, Any], *, checked: bool = False) -> dict[str, Any]:
+    """v1alpha1 -> v1beta1, in place on a copy.
+
+    `checked`: what the annotation holds must pass v1beta1's rules (ConversionError if not).
+    """
     spec = out.get("spec")
     meta = out.get("metadata")
     kept: dict[str, Any] = {}
-    if isinstance(meta, dict) and FIELDS_ANNOTATION in (meta.get("annotations") or {}):
-        annotations = dict(meta["annotations"])
+    annotations = meta.get("annotations") if isinstance(meta, dict) else None
+    if (
+        isinstance(meta, dict)
+        and isinstance(annotations, dict)
+        and FIELDS_ANNOTATION in annotations
+    ):
+        annotations = dict(annotations)
         kept = _load(annotations.pop(FIELDS_ANNOTATION))
         if annotations:
             meta["annotations"] = annotations
         else:
             meta.pop("annotations")
+    if checked:
+        _check_lifted(kept, out)
     if not isinstance(spec, dict):
         return out
     secret = _pop_dict(spec, "writeConnectionSecretToRef")
@@ -144,40 +164,120 @@ def _pop_dict(spec: dict[str, Any], key: str) -> dict[str, Any] | None:
 
 
 def _load(text: Any) -> dict[str, Any]:
+    if not isinstance(text, str):
+        raise ConversionError(f"annotation {FIELDS_ANNOTATION} must be a string")
+    if len(text) > MAX_FIELDS_CHARS:
+        raise ConversionError(
+            f"annotation {FIELDS_ANNOTATION} is longer than {MAX_FIELDS_CHARS} characters"
+        )
     try:
-        value = json.loads(str(text))
-    except ValueError:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
         raise ConversionError(f"annotation {FIELDS_ANNOTATION} is not JSON") from None
     if not isinstance(value, dict):
         raise ConversionError(f"annotation {FIELDS_ANNOTATION} must hold a JSON object")
     return value
 
 
-def review_response(review: Mapping[str, Any]) -> dict[str, Any]:
+def _check_lifted(kept: Mapping[str, Any], body: Mapping[str, Any]) -> None:
+    """What the annotation holds, lifted into `body` (v1alpha1), checked as v1beta1 would.
+
+    The Secret's name and the storage size have fields at v1alpha1: the annotation may repeat
+    them (what v1alpha1 spells is what is stored) but not contradict them, or the v1alpha1
+    rules on those fields (immutable, may only grow) would not see what is stored.
+    """
+    where = f"annotation {FIELDS_ANNOTATION}"
+    try:
+        v1beta1_rules.check(kept, str(body.get("kind")))
+    except v1beta1_rules.RuleError as exc:
+        raise ConversionError(f"{where}: {exc}") from None
+    spec = _mapping(body.get("spec"))
+    secret = _mapping(kept.get("connectionSecret"))
+    if "name" in secret:
+        ref = spec.get("writeConnectionSecretToRef")
+        default = f"{_mapping(body.get('metadata')).get('name')}-connection"
+        if secret["name"] != (ref.get("name") if isinstance(ref, dict) else default):
+            raise ConversionError(
+                f"{where}: spec.connectionSecret.name differs from"
+                " spec.writeConnectionSecretToRef.name (<metadata.name>-connection when unset),"
+                " where v1alpha1 sets it"
+            )
+    storage = _mapping(kept.get("storage"))
+    if "sizeGiB" in storage and storage["sizeGiB"] != spec.get("allocatedStorageGiB"):
+        raise ConversionError(
+            f"{where}: spec.storage.sizeGiB differs from spec.allocatedStorageGiB,"
+            " where v1alpha1 sets it"
+        )
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _brief(value: Any) -> str:
+    """A value from the request, quoted, at most 100 characters, on one line."""
+    if not isinstance(value, str):
+        return f"of type {type(value).__name__}"
+    return json.dumps(value[:100] + ("..." if len(value) > 100 else ""))
+
+
+def review_response(review: Any) -> dict[str, Any]:
     """The answer to an apiextensions.k8s.io/v1 ConversionReview.
 
     One object that fails fails the request (the API server's contract), with a message
-    naming it; nothing of a spec's values is quoted.
+    naming it; nothing of a spec's values is quoted. Never raises: a review or an object that
+    is not what the API server sends fails the same way, with a message saying what is wrong.
     """
-    request = review.get("request") or {}
-    uid = request.get("uid", "")
-    desired = str(request.get("desiredAPIVersion") or "")
-    converted: list[dict[str, Any]] = []
+    request = _mapping(_mapping(review).get("request"))
     result: dict[str, Any] = {"status": "Success"}
-    for obj in request.get("objects") or []:
-        try:
-            converted.append(convert(obj, desired))
-        except ConversionError as exc:
-            meta = obj.get("metadata") or {} if isinstance(obj, dict) else {}
-            where = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-            result = {"status": "Failure", "message": f"{obj.get('kind')} {where}: {exc}"}
-            converted = []
-            break
+    try:
+        if not request:
+            raise ConversionError("not a ConversionReview: no request")
+        converted = _convert_all(request)
+    except ConversionError as exc:
+        converted, result = [], {"status": "Failure", "message": str(exc)}
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "ConversionReview",
-        "response": {"uid": uid, "convertedObjects": converted, "result": result},
+        "response": {
+            "uid": request.get("uid", ""),
+            "convertedObjects": converted,
+            "result": result,
+        },
     }
+
+
+def _convert_all(request: Mapping[str, Any]) -> list[dict[str, Any]]:
+    desired = request.get("desiredAPIVersion") or ""
+    objects = request.get("objects") or []
+    if not isinstance(desired, str):
+        raise ConversionError("request.desiredAPIVersion must be a string")
+    if not isinstance(objects, list):
+        raise ConversionError("request.objects must be a list")
+    converted = []
+    for obj in objects:
+        if not isinstance(obj, dict):
+            raise ConversionError("request.objects: an object must be a JSON object")
+        try:
+            converted.append(convert(obj, desired))
+        except ConversionError as exc:
+            raise ConversionError(f"{_named(obj)}: {exc}") from None
+        except (TypeError, AttributeError, KeyError, ValueError, RecursionError):
+            raise ConversionError(f"{_named(obj)}: not an object of this API") from None
+    return converted
+
+
+# A kind, namespace or name as the API server spells them; anything else is not quoted.
+_PLAIN = re.compile(r"[-.:A-Za-z0-9_]{0,253}")
+
+
+def _named(obj: Mapping[str, Any]) -> str:
+    meta = _mapping(obj.get("metadata"))
+    kind, namespace, name = (
+        value if isinstance(value, str) and _PLAIN.fullmatch(value) else "?"
+        for value in (obj.get("kind"), meta.get("namespace", ""), meta.get("name", ""))
+    )
+    return f"{kind} {namespace}/{name}"
 
 
 def essence_to_hub(essence: Mapping[str, Any], kind: str) -> dict[str, Any]:

@@ -7,13 +7,14 @@ call costs little CPU and memory; credentials as `provisioner.kubelogin` finds t
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import socket
 import time
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, unquote, urlencode
 
 import urllib3
 
@@ -27,6 +28,68 @@ class KubeError(RuntimeError):
         self.status = status
         self.reason = reason
         self.message = message
+
+
+# Kubernetes' own rules for object names (k8s.io/apimachinery/pkg/util/validation).
+_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+SUBDOMAIN_RULE = (
+    "must be a lowercase RFC 1123 subdomain: at most 253 characters, lowercase letters, "
+    "digits, '-' and '.', each dot-separated part starting and ending with a letter or digit"
+)
+LABEL_RULE = (
+    "must be a lowercase RFC 1123 label: at most 63 characters, lowercase letters, "
+    "digits and '-', starting and ending with a letter or digit"
+)
+_RULES = {
+    "subdomain": (re.compile(rf"{_LABEL}(\.{_LABEL})*"), 253, SUBDOMAIN_RULE),
+    "label": (re.compile(_LABEL), 63, LABEL_RULE),
+}
+# The event name's random suffix: "." and 16 hex digits.
+_EVENT_SUFFIX = 17
+
+
+class InvalidName(KubeError):
+    """A name that no Kubernetes object can have, refused before any request is made (so that
+    no name can turn into another path: `..`, `/`, `%2F`, ...). Status 422, reason Invalid,
+    as the API server itself would answer; the message names the value and the rule."""
+
+    def __init__(self, what: str, value: str, rule: str) -> None:
+        shown = value if len(value) <= 80 else f"{value[:77]}..."
+        super().__init__(422, "Invalid", f"{what} {json.dumps(shown)} is not valid: {rule}")
+        self.what = what
+        self.value = value
+
+
+def valid_name(value: object, kind: str = "subdomain") -> bool:
+    """Whether `value` is a DNS-1123 `subdomain` (most object names) or `label` (namespaces)."""
+    pattern, longest, _ = _RULES[kind]
+    return isinstance(value, str) and len(value) <= longest and bool(pattern.fullmatch(value))
+
+
+def segment(value: object, what: str, kind: str = "subdomain") -> str:
+    """`value` as one path segment: checked against Kubernetes' rule for it, then encoded."""
+    if not valid_name(value, kind):
+        raise InvalidName(what, str(value), _RULES[kind][2])
+    return quote(str(value), safe="")
+
+
+def event_name(object_name: str) -> str:
+    """A unique, valid Event name for an object: its name (shortened so the whole fits in
+    253 characters, never ending in '.' or '-') and a random suffix."""
+    prefix = object_name[: 253 - _EVENT_SUFFIX].rstrip(".-")
+    if not valid_name(prefix):
+        prefix = "provisioner"
+    return f"{prefix}.{secrets.token_hex(8)}"
+
+
+def _check_path(path: str) -> None:
+    """A path may hold no dot segment, query or fragment, however it was built: urllib3
+    would collapse `..` into another resource's path."""
+    if "?" in path or "#" in path or not path.startswith("/"):
+        raise InvalidName("API path", path, "must be an absolute path with no query")
+    for part in path.split("/")[1:]:
+        if unquote(part) in (".", "..") or "/" in unquote(part):
+            raise InvalidName("API path", path, "must have no '.', '..' or encoded '/' segment")
 
 
 class Kube:
@@ -69,6 +132,7 @@ class Kube:
         accept: str = "application/json",
     ) -> dict[str, Any] | None:
         """Returns the decoded response; None for a 404."""
+        _check_path(path)
         url = self.creds.server + path + (f"?{urlencode(query)}" if query else "")
         headers = {"Content-Type": content_type, "Accept": accept}
         headers.update(self.creds.headers())
@@ -96,9 +160,13 @@ class Kube:
     # Secrets -------------------------------------------------------------------
 
     @staticmethod
-    def _secret_path(namespace: str, name: str = "") -> str:
-        base = f"/api/v1/namespaces/{namespace}/secrets"
-        return f"{base}/{name}" if name else base
+    def _namespace_path(namespace: str) -> str:
+        return f"/api/v1/namespaces/{segment(namespace, 'namespace', 'label')}"
+
+    @classmethod
+    def _secret_path(cls, namespace: str, name: str | None = None) -> str:
+        base = f"{cls._namespace_path(namespace)}/secrets"
+        return base if name is None else f"{base}/{segment(name, 'Secret name')}"
 
     def get_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.request("GET", self._secret_path(namespace, name))
@@ -111,8 +179,9 @@ class Kube:
 
     def delete_secret(self, namespace: str, name: str, uid: str | None = None) -> None:
         body = {"preconditions": {"uid": uid}} if uid else None
+        path = self._secret_path(namespace, name)
         try:
-            self.request("DELETE", self._secret_path(namespace, name), body)
+            self.request("DELETE", path, body)
         except KubeError as exc:
             if exc.status != 409:  # uid precondition failed: it is someone else's now
                 raise
@@ -130,10 +199,7 @@ class Kube:
         event = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {
-                "name": f"{meta['name']}.{secrets.token_hex(8)}",
-                "namespace": namespace,
-            },
+            "metadata": {"name": event_name(str(meta["name"])), "namespace": namespace},
             "involvedObject": {
                 "apiVersion": body.get("apiVersion", API_VERSION),
                 "kind": body["kind"],
@@ -152,23 +218,25 @@ class Kube:
             "eventTime": None,
             "count": 1,
         }
-        self.request("POST", f"/api/v1/namespaces/{namespace}/events", event)
+        self.request("POST", f"{self._namespace_path(namespace)}/events", event)
 
     # Custom resources -----------------------------------------------------------
 
     @staticmethod
     def _cr_path(kind: str, namespace: str, name: str) -> str:
-        return f"/apis/{API_VERSION}/namespaces/{namespace}/{PLURALS[kind]}/{name}"
+        plural = segment(PLURALS[kind], "resource", "label")
+        namespace = segment(namespace, "namespace", "label")
+        name = segment(name, f"{kind} name")
+        return f"/apis/{API_VERSION}/namespaces/{namespace}/{plural}/{name}"
 
     def get_resource(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         return self.request("GET", self._cr_path(kind, namespace, name))
 
     def delete_resource(self, kind: str, namespace: str, name: str, uid: str) -> None:
         """Delete it if it still is the object `uid` (a 409 otherwise, ignored)."""
+        path = self._cr_path(kind, namespace, name)
         try:
-            self.request(
-                "DELETE", self._cr_path(kind, namespace, name), {"preconditions": {"uid": uid}}
-            )
+            self.request("DELETE", path, {"preconditions": {"uid": uid}})
         except KubeError as exc:
             if exc.status != 409:
                 raise
@@ -183,9 +251,10 @@ class Kube:
 
     # ServiceAccounts (spec.access with IRSA) --------------------------------------
 
-    @staticmethod
-    def _sa_path(namespace: str, name: str) -> str:
-        return f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}"
+    @classmethod
+    def _sa_path(cls, namespace: str, name: str) -> str:
+        name = segment(name, "ServiceAccount name")
+        return f"{cls._namespace_path(namespace)}/serviceaccounts/{name}"
 
     def get_service_account(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.request("GET", self._sa_path(namespace, name))
@@ -206,10 +275,12 @@ class Kube:
     ) -> bool:
         """Remove one annotation if it still holds `value`; whether it did."""
         path = "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
+        # The path is built (and the names checked) first: a 422 below is the test's.
+        url_path = self._sa_path(namespace, name)
         try:
             self.request(
                 "PATCH",
-                self._sa_path(namespace, name),
+                url_path,
                 [{"op": "test", "path": path, "value": value}, {"op": "remove", "path": path}],
                 content_type="application/json-patch+json",
             )

@@ -104,7 +104,9 @@ def _regions_of(crs: list[dict[str, Any]], account: str) -> set[str]:
         if str(status.get("account", spec.get("account") or "")) != account:
             continue
         found |= {str(r) for r in (spec.get("region"), status.get("region")) if r}
-    return found
+    # Only regions AWS has: a spec may name any (refused by the operator), and a client is
+    # made for every region listed here.
+    return {r for r in found if r in accounts.botocore_regions()}
 
 
 def find(aws: Cloud, kube: Kube, cluster_id: str, region: str) -> list[Finding]:

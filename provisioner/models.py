@@ -8,6 +8,7 @@ object itself (derived names).
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,6 +26,44 @@ NAMESPACE_TAG = "provisioner.dev/namespace"
 NAME_TAG = "provisioner.dev/name"
 CLUSTER_TAG = "provisioner.dev/cluster"
 OWNERSHIP_TAG_KEYS = (OWNER_UID_TAG, NAMESPACE_TAG, NAME_TAG, CLUSTER_TAG)
+
+# Kubernetes: an object's name is at most 253 characters (a DNS-1123 subdomain), a label
+# value at most 63 and begins and ends with a letter or digit.
+MAX_NAME = 253
+MAX_LABEL_VALUE = 63
+SECRET_SUFFIX = "-connection"  # noqa: S105 - a name's suffix
+# The hex digits of SHA-256 that stand for what a shortened name or value leaves out.
+SHORT_HASH = 8
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:SHORT_HASH]
+
+
+def _shortened(text: str, room: int, suffix: str) -> str:
+    """The first characters of `text` that fit in `room` with `-<hash of text>` and `suffix`
+    after them, ending with a letter or digit."""
+    keep = room - 1 - SHORT_HASH - len(suffix)
+    head = text[:keep].rstrip("-._")
+    return f"{head}-{_digest(text)}{suffix}" if head else f"{_digest(text)}{suffix}"
+
+
+def default_secret_name(name: str) -> str:
+    """The connection Secret's name when the spec names none: `<name>-connection`; for a
+    name over 242 characters (the result would pass 253), its first 233 characters (without
+    a trailing '-' or '.'), '-', 8 hex digits of its SHA-256 and `-connection`."""
+    if len(name) + len(SECRET_SUFFIX) <= MAX_NAME:
+        return name + SECRET_SUFFIX
+    return _shortened(name, MAX_NAME, SECRET_SUFFIX)
+
+
+def label_value(text: str) -> str:
+    """A name as a label value: itself when it fits (at most 63 characters); else its first
+    54 characters (without a trailing '-', '.' or '_'), '-' and 8 hex digits of its
+    SHA-256: at most 63 characters, beginning and ending with a letter or digit."""
+    if len(text) <= MAX_LABEL_VALUE:
+        return text
+    return _shortened(text, MAX_LABEL_VALUE, "")
 
 
 @dataclass(frozen=True)
@@ -109,7 +148,7 @@ class Resource:
             spec=spec,
             user_tags=dict(raw_spec.get("tags") or {}),
             deletion_policy=raw_spec.get("deletionPolicy") or descriptor.default_deletion_policy,
-            secret_name=ref.get("name") or f"{name}-connection",
+            secret_name=ref.get("name") or default_secret_name(name),
             secret_keys=dict(ref.get("keys") or {}),
             annotations=dict(meta.get("annotations") or {}),
             status=dict(body.get("status") or {}),

@@ -45,6 +45,7 @@ from provisioner import conditions as cond
 from provisioner.cloud import errors
 from provisioner.cloud.aws import Aws
 from provisioner.config import Settings
+from provisioner.fair_slots import FairSlots, fair_requests, fair_workers
 from provisioner.kinds import KINDS
 from provisioner.kube import Kube, KubeError
 from provisioner.leaks import custom_resources
@@ -173,8 +174,13 @@ def configure_kopf(
     # kopf runs one worker per object and keeps it for `idle_timeout` after its last event.
     # A bounded number of workers keeps a burst of 1,000 new resources from holding 1,000
     # bodies, diffs and patches in memory at once; a short idle time keeps objects from
-    # queueing behind the idle workers of others.
-    kopf_settings.batching.worker_limit = 2 * max(1, settings.workers)
+    # queueing behind the idle workers of others. The bound (of each kind's) is kept by
+    # `fair_workers`, each namespace in turn and at most half of them in one namespace (none
+    # with --namespace-max-passes=0): kopf's own would be one queue, first come first served,
+    # for all the namespaces a watch serves (cluster-wide, one per kind).
+    kopf_settings.batching.worker_limit = None
+    workers = 2 * max(1, settings.workers)
+    fair_workers(workers, workers // 2 if settings.passes_per_namespace else 0, GROUP)
     kopf_settings.batching.idle_timeout = 0.5
     if settings.peering:
         kopf_settings.peering.name = settings.peering
@@ -248,6 +254,11 @@ async def wait_for_api(reconciler: Reconciler) -> None:
 # provisioner.footprint, 256 KiB without): 8 keep up with the 64 workers kopf runs, whose
 # patches take milliseconds.
 API_REQUESTS_IN_FLIGHT = 8
+# Of those, one namespace's at most (`bounded_session`): a burst in one namespace (a finalizer
+# patch for each of 1,000 new resources) leaves the others room at once, and its own load on
+# the API server stays low enough that their requests are answered about as fast as when
+# idle.
+API_REQUESTS_PER_NAMESPACE = 2
 
 
 def api_connection_limit(settings: Settings) -> int:
@@ -263,12 +274,15 @@ def api_connection_limit(settings: Settings) -> int:
 def bounded_session(creds: kubelogin.Credentials, settings: Settings) -> kopf.AiohttpSession:
     """kopf's own session opens a connection per concurrent request without a limit; a
     burst of 1,000 status patches then holds 1,000 TLS connections of 256 KiB buffers each.
-    The same session with a bounded pool queues the requests instead."""
+    The same session with a bounded pool queues the requests instead, each namespace's in
+    turn (`fair_requests`): a burst in one namespace does not hold up another's."""
+    per_namespace = API_REQUESTS_PER_NAMESPACE if settings.passes_per_namespace else 0
     session = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(
             limit=api_connection_limit(settings), ssl=creds.ssl_context()
         ),
         headers=creds.headers(),
+        middlewares=[fair_requests(FairSlots(API_REQUESTS_IN_FLIGHT, per_namespace))],
     )
     # kopf logs in again when the credentials are refused (a rotated token) or expire.
     expires = (

@@ -28,17 +28,19 @@ import random
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any, TypeVar
+from urllib.parse import quote
 
-from provisioner import annotation_keys, connection_secret, kinds
+from provisioner import annotation_keys, connection_secret, kinds, naming
 from provisioner import conditions as cond
 from provisioner.access import Access
 from provisioner.accounts import AccountRefused, Directory, pinned
 from provisioner.cloud import errors
 from provisioner.cloud.base import (
+    ADOPTABLE_BY_TAG,
     BatchObserver,
     BatchTagReader,
     ExternalClient,
@@ -46,9 +48,11 @@ from provisioner.cloud.base import (
     Observation,
     PasswordClient,
 )
+from provisioner.cloud.turns import CALLER
 from provisioner.config import Settings
 from provisioner.crashpoints import crashpoint
-from provisioner.kube import Kube, KubeError
+from provisioner.fair_slots import ContextThreadPool, FairSlots
+from provisioner.kube import InvalidName, Kube, KubeError, valid_name
 from provisioner.models import Dependency, Resource
 
 T = TypeVar("T")
@@ -156,8 +160,22 @@ def _stamp(at: datetime) -> str:
     return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _owner(obs: Observation) -> str:
-    return f"owned by {obs.owner_uid}" if obs.owner_uid else "not created by this operator"
+def _owner(resource: Resource, obs: Observation) -> str:
+    """Whose the cloud resource is, as a message may say it: never another owner's uid."""
+    if obs.owner_uid:
+        return "owned by another resource"
+    if resource.adopt and resource.explicit_name:
+        return (
+            "not created by this operator, and its owner has not allowed this namespace to "
+            f"adopt it (the tag {ADOPTABLE_BY_TAG}={resource.namespace} on it does that)"
+        )
+    return "not created by this operator"
+
+
+def create_token(resource: Resource) -> str:
+    """What `status.createToken` holds once a create of this resource's cloud name began:
+    written right before a create call that cannot tag (S3), and nowhere else."""
+    return naming.uid_hash(f"{resource.uid}/{resource.external_name}", 16)
 
 
 def _shown(value: Any) -> str:
@@ -226,16 +244,20 @@ class Reconciler:
         self.kube = kube
         self.clients = clients
         self.post_event = post_event
-        self.executor = ThreadPoolExecutor(max_workers=settings.workers, thread_name_prefix="cloud")
+        # Its calls run in the pass's context: the call budget sees whose they are (CALLER).
+        self.executor = ContextThreadPool(max_workers=settings.workers, thread_name_prefix="cloud")
         # The periodic looks have threads and a bound of their own (half as many): a look
         # waiting for the call budget, or a round of thousands of them, never holds a thread
         # or a pass slot that a create, a spec change or a deletion waits for.
         looks = max(1, settings.workers // 2)
-        self.look_executor = ThreadPoolExecutor(max_workers=looks, thread_name_prefix="look")
+        self.look_executor = ContextThreadPool(max_workers=looks, thread_name_prefix="look")
         self.locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         # Bounds the passes in flight at once. A burst of 1,000 new resources then finishes in
         # waves (each one quickly) instead of all together at the end, holding far less memory.
-        self.passes_in_flight = asyncio.Semaphore(max(1, settings.workers))
+        # A freed slot goes to the namespaces that wait in turn, and one namespace holds at
+        # most `passes_per_namespace` (provisioner/fair_slots.py): a burst in one namespace
+        # does not hold up another's resources.
+        self.passes_in_flight = FairSlots(max(1, settings.workers), settings.passes_per_namespace)
         self.looks_in_flight = asyncio.Semaphore(looks)
         # Change passes (create, update, resume, delete, recheck) running or waiting for a
         # slot of `passes_in_flight`: while they fill every slot, the periodic looks wait
@@ -283,13 +305,17 @@ class Reconciler:
         return await loop.run_in_executor(executor, lambda: fn(*args, **kwargs))
 
     @contextlib.asynccontextmanager
-    async def _change_pass(self, uid: str) -> AsyncIterator[None]:
-        """A slot of `passes_in_flight` and the resource's lock, counted as a change."""
+    async def _change_pass(self, uid: str, namespace: str = "") -> AsyncIterator[None]:
+        """A slot of `passes_in_flight` in `namespace`'s turn ("": not known) and the
+        resource's lock, counted as a change; its AWS calls wait their turn as that
+        namespace's at the call budget."""
         self.changes_in_flight += 1
+        caller = CALLER.set(namespace)
         try:
-            async with self.passes_in_flight, self.locks[uid]:
+            async with self.passes_in_flight.slot(namespace), self.locks[uid]:
                 yield
         finally:
+            CALLER.reset(caller)
             self.changes_in_flight -= 1
 
     @property
@@ -358,6 +384,9 @@ class Reconciler:
         """The resource with the account and region it acts in; AccountRefused when it may
         not act there (before any cloud call)."""
         directory = self.directory
+        Directory.check_region(
+            directory, resource.spec_region, resource.status, self.settings, deleting
+        )
         attempted = resource.spec_account or str(resource.status.get("account") or "")
         if directory is None:
             if resource.spec_account:
@@ -544,16 +573,24 @@ class Reconciler:
             return True
         if obs.owner_uid:
             return False  # another owner's, whatever the annotations say
-        # No owner tag at all, but our own status recorded this name before the create
+        # No owner tag at all, but our own status recorded a create of this name before the
         # call: an earlier create of ours was interrupted before its tags were written.
-        if resource.status.get("externalName") == resource.external_name:
+        # (status.externalName is no proof: failure paths write it too.)
+        if resource.status.get("createToken") == create_token(resource):
             return True
         return Reconciler._adopting(resource, obs)
 
     @staticmethod
     def _adopting(resource: Resource, obs: Observation) -> bool:
-        """Asked to take over an untagged resource named explicitly in the spec."""
-        return obs.exists and not obs.owner_uid and resource.adopt and resource.explicit_name
+        """Asked to take over an untagged resource named explicitly in the spec, which its
+        owner allowed this namespace to adopt (the `adoptable-by` tag)."""
+        return bool(
+            obs.exists
+            and not obs.owner_uid
+            and resource.adopt
+            and resource.explicit_name
+            and obs.adoptable_by == resource.namespace
+        )
 
     @staticmethod
     def terminal_for_generation(resource: Resource) -> bool:
@@ -637,12 +674,13 @@ class Reconciler:
                 Event("Normal" if quiet else "Warning", c.reason, c.message or c.reason),
             )
 
-    @staticmethod
-    def _attributed(resource: Resource, event: Event) -> Event:
+    def _attributed(self, resource: Resource, event: Event) -> Event:
         """A cloud change's Event names who asked for the resource, and is logged (JSON logs
         carry `requested_by`, `resource_kind`, `resource_namespace`, `resource_name` and
-        `event_reason` as fields)."""
-        who = resource.requested_by
+        `event_reason` as fields). Only where an admission policy lets nobody but the
+        creating user set the annotation (`--requested-by=verified`): elsewhere it is
+        anyone's claim, and the requester is named nowhere."""
+        who = resource.requested_by if self.settings.requester_verified else ""
         message = f"{event.message} (requested by {who})" if who else event.message
         log.info(
             "%s %s: %s",
@@ -703,7 +741,8 @@ class Reconciler:
         if action == "Blocked":
             return (
                 action,
-                f"{name} exists in the cloud and is {_owner(obs)}: it would be left untouched",
+                f"{name} exists in the cloud and is {_owner(resource, obs)}: "
+                "it would be left untouched",
             )
         if action == "Create":
             where = _where(resource.account.name if resource.account else "")
@@ -821,7 +860,7 @@ class Reconciler:
         """
         resource = self.resource(body)
         requested = requested_fields(last_handled_spec, body.get("spec") or {})
-        async with self._change_pass(resource.uid):
+        async with self._change_pass(resource.uid, resource.namespace):
             self.failed_resyncs.discard(resource.uid)  # the change handlers retry from here
             self.requeued.discard(resource.uid)
             if resource.paused:
@@ -974,7 +1013,7 @@ class Reconciler:
 
     async def finalize(self, body: Mapping[str, Any], retry: int = 0) -> tuple[Result, Resource]:
         resource = self.resource(body)
-        async with self._change_pass(resource.uid):
+        async with self._change_pass(resource.uid, resource.namespace):
             try:
                 result = await self._delete(resource, retry)
             except errors.NotSupportedError as exc:
@@ -1064,7 +1103,8 @@ class Reconciler:
     ) -> Observation:
         """Create the cloud resource (safe to repeat after a crash) and observe it again."""
         name = resource.external_name
-        unnamed = not client.tags_on_create and resource.status.get("externalName") != name
+        token = create_token(resource)
+        unnamed = not client.tags_on_create and resource.status.get("createToken") != token
         # Pinned before the call once the cluster has CloudAccounts at all: a cluster without
         # any pays no extra write per create (its resources can only live in one account).
         unplaced = (
@@ -1079,7 +1119,7 @@ class Reconciler:
             # interrupted create (S3 tags only after CreateBucket).
             before = await self.in_thread(self._placement_fields, resource) if unplaced else {}
             if unnamed:
-                before["externalName"] = name
+                before.update(externalName=name, createToken=token)
             await self.in_thread(
                 self.kube.patch_status, resource.kind, resource.namespace, resource.name, before
             )
@@ -1305,8 +1345,15 @@ class Reconciler:
             # written would be known to nobody, and set anew at every retry.
             connection_secret.needs_write(existing, resource, {})  # raises SecretConflict
         data = dict(obs.connection)
+        password: str | None = None
         if isinstance(client, PasswordClient):
-            stored = connection_secret.stored_password(existing) if owned and existing else None
+            stored = (
+                connection_secret.stored_password(
+                    existing, resource.secret_keys, partial(client.with_password, data)
+                )
+                if owned and existing
+                else None
+            )
             password = stored or self.pending_passwords.get(resource.uid)
             rotate = resource.rotation_pending
             if rotate or not password:
@@ -1326,8 +1373,8 @@ class Reconciler:
             data = connection_secret.render(resource.secret_keys, data)
         except connection_secret.TemplateError as exc:
             raise errors.NotSupportedError(str(exc)) from None
-        if connection_secret.needs_write(existing, resource, data):
-            body = connection_secret.build(resource, data)
+        if connection_secret.needs_write(existing, resource, data, password):
+            body = connection_secret.build(resource, data, password)
             if existing is None:
                 await self.in_thread(self.kube.create_secret, resource.namespace, body)
             else:
@@ -1361,7 +1408,7 @@ class Reconciler:
 
     def _name_conflict(self, resource: Resource, obs: Observation) -> Result:
         message = (
-            f"{resource.external_name} already exists in the cloud and is {_owner(obs)}; "
+            f"{resource.external_name} already exists in the cloud and is {_owner(resource, obs)}; "
             "it is left untouched: choose another name"
         )
         return Result(
@@ -1371,22 +1418,44 @@ class Reconciler:
             ],
         )
 
+    def _namespace_terminating(self, namespace: str) -> bool:
+        """Whether the namespace is being deleted: a paused resource in it is deleted then,
+        so that the namespace (and a CloudAccount waiting for its resources) can go. False
+        where the operator may not read namespaces."""
+        try:
+            found = self.kube.request("GET", f"/api/v1/namespaces/{quote(namespace, safe='')}")
+        except KubeError:
+            return False
+        meta, status = (found or {}).get("metadata") or {}, (found or {}).get("status") or {}
+        return bool(meta.get("deletionTimestamp")) or status.get("phase") == "Terminating"
+
     async def _delete(self, resource: Resource, retry: int) -> Result:
         name = resource.external_name
         done = Result(release_finalizer=True, for_generation=False)
         if resource.paused:
-            paused = self._paused(resource)
-            paused.conditions.insert(
-                0,
-                cond.Condition(
-                    cond.READY,
-                    False,
-                    cond.DELETING,
-                    "deletion waits until the resource is unpaused",
-                ),
+            if not await self.in_thread(self._namespace_terminating, resource.namespace):
+                paused = self._paused(resource)
+                paused.conditions.insert(
+                    0,
+                    cond.Condition(
+                        cond.READY,
+                        False,
+                        cond.DELETING,
+                        "deletion waits until the resource is unpaused (or its namespace "
+                        "is deleted)",
+                    ),
+                )
+                paused.requeue_after = backoff(retry, WAIT_BASE, 15.0)
+                return paused
+            done.events.append(
+                Event(
+                    "Warning",
+                    "PauseOverridden",
+                    f"namespace {resource.namespace} is being deleted: the "
+                    f"{annotation_keys.PAUSED} annotation no longer holds the deletion, "
+                    f"deletionPolicy {resource.deletion_policy} applies",
+                )
             )
-            paused.requeue_after = backoff(retry, WAIT_BASE, 15.0)
-            return paused
         # Only what status.access holds: it records each grant before anything is made for it.
         access = self.access if resource.status.get("access") else None
         if resource.deletion_policy == "Retain" and access is None:
@@ -1456,6 +1525,8 @@ class Reconciler:
         return done
 
     async def _delete_secret(self, resource: Resource) -> None:
+        if not valid_name(resource.secret_name):
+            return  # no Secret can have that name: there is none to delete
         existing = await self.in_thread(
             self.kube.get_secret, resource.namespace, resource.secret_name
         )
@@ -1500,6 +1571,22 @@ class Reconciler:
         """Map a failure to conditions and a requeue; the message never holds a secret value."""
         if isinstance(exc, AccountRefused | errors.AccountUnavailableError):
             return self._account_failure(resource, exc, retry, deleting)
+        if isinstance(exc, InvalidName):
+            # A name no Kubernetes object can have (one written at v1alpha1 before v1beta1's
+            # rules were applied to it): nothing was requested with it.
+            return Result(
+                conditions=[
+                    cond.Condition(
+                        cond.READY,
+                        False,
+                        cond.DELETING if deleting else cond.UNAVAILABLE,
+                        exc.message,
+                    ),
+                    cond.Condition(cond.SYNCED, False, cond.INVALID_SPEC, exc.message),
+                ],
+                requeue_after=backoff(retry, cap=CREDENTIALS_RETRY_CAP) if deleting else None,
+                for_generation=not deleting,
+            )
         if isinstance(exc, errors.TerminalError):
             message = (
                 str(exc)

@@ -7,6 +7,12 @@ Secret (provisioner/webhook_certs.py); the HTTPS server starts on its own port; 
 cluster, loopback outside one) with the CA in `caBundle`. Every hour the certificates are
 checked again, renewed when due and reloaded without a restart.
 
+Requests (`Converter`): a body over `MAX_BODY_BYTES` is answered 413 before it is read (from
+its Content-Length) or as soon as the part read passes the cap; a body that is not an
+apiextensions.k8s.io/v1 ConversionReview with a request, its uid, desiredAPIVersion and a list
+of objects is answered 400 with one line; parsing, converting and encoding run in threads of
+the webhook's own, never on the event loop the operator's handlers share.
+
 RBAC: `get` and `patch` on exactly the four CRDs (resourceNames), and `get`/`create`/`update`
 of the one Secret in the operator's namespace.
 """
@@ -20,6 +26,7 @@ import os
 import ssl
 import tempfile
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -35,6 +42,18 @@ PATH = "/convert"
 CHECK_SECONDS = 3600.0
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 T = TypeVar("T")
+# The largest request body accepted. The API server sends one ConversionReview per request it
+# serves, holding that request's objects: one for a write or a get (etcd refuses objects over
+# 1.5 MiB by default, kube-apiserver request bodies over 3 MiB), one page for a paged list
+# (kubectl pages by 500). 8 MiB holds a 500-object page of 16 KiB objects; a larger list read
+# at v1alpha1 in one response is refused (read it at v1beta1, the stored version, or paged).
+# Parsed, a review takes about ten times its size in memory.
+MAX_BODY_BYTES = 8 * 1024 * 1024
+# Reviews parsed and converted at once. A review over a quarter of the cap is "large": one
+# at a time (a review at the cap takes about 90 MiB while it converts), so the other thread
+# stays free for the API server's usual one-object reviews. Waiting ones hold only their bytes.
+CONVERSION_THREADS = 2
+REVIEW_VERSION = "apiextensions.k8s.io/v1"
 
 
 class CrdError(RuntimeError):
@@ -100,15 +119,82 @@ def point_crd(kube: Kube, name: str, wanted: dict[str, Any]) -> bool:
     return True
 
 
-async def convert(request: web.Request) -> web.Response:
-    try:
-        review = await request.json()
-    except (ValueError, UnicodeDecodeError):
-        return web.Response(status=400, text="not a ConversionReview")
+def malformed(review: Any) -> str:
+    """Why `review` is not a ConversionReview the webhook can answer ("" when it is one)."""
     if not isinstance(review, dict):
-        return web.Response(status=400, text="not a ConversionReview")
-    answer = conversion.review_response(review)
-    return web.Response(text=json.dumps(answer), content_type="application/json")
+        return "the body is not a JSON object"
+    if review.get("apiVersion") != REVIEW_VERSION or review.get("kind") != "ConversionReview":
+        return f"apiVersion and kind must be {REVIEW_VERSION} ConversionReview"
+    request = review.get("request")
+    if not isinstance(request, dict):
+        return "request is missing"
+    for key in ("uid", "desiredAPIVersion"):
+        if not isinstance(request.get(key), str) or not request[key]:
+            return f"request.{key} is missing"
+    objects = request.get("objects")
+    if not isinstance(objects, list):
+        return "request.objects is missing" if objects is None else "request.objects is not a list"
+    for i, obj in enumerate(objects):
+        if not isinstance(obj, dict):
+            return f"request.objects[{i}] is not an object"
+    return ""
+
+
+def answer(body: bytes) -> tuple[int, bytes]:
+    """The status and body answering a request's body (in a thread: parsing and converting
+    a large review takes a while)."""
+    try:
+        review = json.loads(body)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return 400, b"not a ConversionReview: the body is not JSON"
+    problem = malformed(review)
+    if problem:
+        return 400, f"not a ConversionReview: {problem}".encode()
+    try:
+        response = conversion.review_response(review)
+    except RecursionError:
+        return 400, b"not a ConversionReview: an object is nested too deeply"
+    return 200, json.dumps(response).encode()
+
+
+class Converter:
+    """The `/convert` handler: the body capped at `max_body`, answered in threads of its own."""
+
+    def __init__(self, max_body: int = MAX_BODY_BYTES, threads: int = CONVERSION_THREADS):
+        self.max_body = max_body
+        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="conversion")
+        self.large = asyncio.Lock()
+
+    def too_large(self) -> web.Response:
+        limit = f"{self.max_body} bytes"
+        return web.Response(status=413, text=f"request body too large: at most {limit} accepted")
+
+    async def handle(self, request: web.Request) -> web.Response:
+        if request.content_length is not None and request.content_length > self.max_body:
+            return self.too_large()
+        try:
+            body = await request.read()  # stops once past the app's client_max_size
+        except web.HTTPRequestEntityTooLarge:
+            return self.too_large()
+        loop = asyncio.get_running_loop()
+        if len(body) > self.max_body // 4:
+            async with self.large:
+                status, text = await loop.run_in_executor(self.pool, answer, body)
+        else:
+            status, text = await loop.run_in_executor(self.pool, answer, body)
+        kind = "application/json" if status == 200 else "text/plain"
+        return web.Response(status=status, body=text, content_type=kind)
+
+    def app(self) -> web.Application:
+        """An aiohttp application serving `PATH`; its threads end with its cleanup."""
+        app = web.Application(client_max_size=self.max_body)
+        app.router.add_post(PATH, self.handle)
+
+        async def cleanup(_: web.Application) -> None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+
+        app.on_cleanup.append(cleanup)
+        return app
 
 
 @dataclass
@@ -119,6 +205,7 @@ class Webhook:
     runner: web.AppRunner | None = None
     context: ssl.SSLContext | None = None
     certs: webhook_certs.Certificates | None = None
+    max_body: int = MAX_BODY_BYTES
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         return await self.run(fn, *args)  # type: ignore[no-any-return]
@@ -157,9 +244,7 @@ class Webhook:
 
     async def start(self) -> None:
         await self._load()
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_post(PATH, convert)
-        self.runner = web.AppRunner(app, access_log=None)
+        self.runner = web.AppRunner(Converter(self.max_body).app(), access_log=None)
         await self.runner.setup()
         host = "127.0.0.1" if not self.settings.webhook_service else "0.0.0.0"
         site = web.TCPSite(self.runner, host, self.settings.webhook_port, ssl_context=self.context)

@@ -60,6 +60,12 @@ def cmd_dev_up(args: argparse.Namespace) -> int:
     if state.get("cloud_profile", "instant") != "instant":
         print(f"cloud:         {state['cloud_url']} ({state['cloud_profile']} profile)")
     print(f"kubeconfig:    {state['kubeconfig']}")
+    admission = state.get("admission") or {}
+    if admission.get("verified"):
+        how = "stamped by the API server and" if admission.get("stamped") else "only the creator's,"
+        print(f"requested-by:  {how} never changed (the chart's admission policies)")
+    if state.get("oidc_issuer"):
+        print(f"spec.access:   irsa, issuer {state['oidc_issuer']} (an IAM OIDC provider in moto)")
     print("environment:   source .dev/env")
     print(f"processes:     {', '.join(f'{k}={v}' for k, v in state['pids'].items())}")
     if "operator" not in state["pids"]:

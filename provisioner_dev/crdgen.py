@@ -96,7 +96,9 @@ connectionSecret:
   type: object
   properties:
     name:
-      description: The Secret's name; defaults to <metadata.name>-connection. Immutable.
+      description: >-
+        The Secret's name; defaults to <metadata.name>-connection (for a name over 242
+        characters, its first 233, a hash and -connection). Immutable.
       type: string
       minLength: 1
       maxLength: 253

@@ -335,6 +335,23 @@ def _note(message: str) -> None:
     print(f"provisioner: {message}", file=sys.stderr)
 
 
+def _remove_secrets(kubeconfig: str, owners: set[str]) -> None:
+    """The connection Secrets of `owners` (uids): the garbage collector cannot resolve an
+    owner whose kind is gone, so it would keep them once the CRDs are deleted."""
+    found = run_kubectl(
+        kubeconfig, "get", "secrets", "-A", "-l", "app.kubernetes.io/managed-by=provisioner",
+        "-o", "json",
+    )  # fmt: skip
+    secrets = json.loads(found.stdout).get("items", []) if found.returncode == 0 else []
+    for secret in secrets:
+        meta = secret["metadata"]
+        if {ref.get("uid") for ref in meta.get("ownerReferences") or []} & owners:
+            run_kubectl(
+                kubeconfig, "delete", "secret", meta["name"], "-n", meta["namespace"],
+                "--ignore-not-found",
+            )  # fmt: skip
+
+
 class DevStack:
     """The state behind `provisioner dev up/status/down`, kept in `.dev/`.
 
@@ -486,32 +503,12 @@ class DevStack:
                     f'{{"op":"remove","path":"/metadata/finalizers/{index}"}}]',
                 )
             run_kubectl(kubeconfig, "delete", crd, "--all", "-A", "--timeout=60s")
-        # Their connection Secrets, by owner: the garbage collector cannot resolve an owner
-        # whose kind is gone, so it would keep them once the CRDs are deleted.
-        found = run_kubectl(
-            kubeconfig,
-            "get",
-            "secrets",
-            "-A",
-            "-l",
-            "app.kubernetes.io/managed-by=provisioner",
-            "-o",
-            "json",
-        )
-        secrets = json.loads(found.stdout).get("items", []) if found.returncode == 0 else []
-        for secret in secrets:
-            meta = secret["metadata"]
-            if {ref.get("uid") for ref in meta.get("ownerReferences") or []} & owners:
-                run_kubectl(
-                    kubeconfig,
-                    "delete",
-                    "secret",
-                    meta["name"],
-                    "-n",
-                    meta["namespace"],
-                    "--ignore-not-found",
-                )
+        _remove_secrets(kubeconfig, owners)
         run_kubectl(kubeconfig, "delete", "crd", *installed, "--ignore-not-found", "--timeout=120s")
+        # The chart's policies and roles it applied (cluster-scoped, named provisioner-dev-*).
+        from provisioner_dev import admission
+
+        admission.remove(kubeconfig, state)
 
     def up(
         self,
@@ -583,6 +580,7 @@ class DevStack:
                 "processes": processes,
             }
             install_crds(kubeconfig)
+            self._as_installed(state)
             if with_operator:
                 self._start_operator(state)
         except BaseException:
@@ -646,6 +644,7 @@ class DevStack:
                 "processes": processes,
                 "gc": CONTROLLER_MANAGER in processes,
             }
+            self._as_installed(state)
             if with_operator:
                 self._start_operator(state)
         except BaseException:
@@ -690,13 +689,24 @@ class DevStack:
         self._write_env(state)
         return state
 
+    @staticmethod
+    def _as_installed(state: dict) -> None:
+        """What the chart installs around the operator: its admission policies and roles,
+        and spec.access through IRSA (provisioner_dev/admission.py)."""
+        from provisioner_dev import admission
+
+        admission.set_up(state, state["kubeconfig"])
+
     def _start_operator(self, state: dict) -> None:
-        # It serves the CRDs' conversion webhook itself, on loopback.
+        from provisioner_dev import admission
+
+        # It serves the CRDs' conversion webhook itself, on loopback, and runs as the chart
+        # runs it (requested-by verified, spec.access with IRSA).
         operator = OperatorProcess(
             kubeconfig=state["kubeconfig"],
             endpoint_url=state.get("cloud_url", state["moto_url"]),
             log=self.dev_dir / "operator.log",
-            extra_args=[f"--webhook-port={fixed_port()}"],
+            extra_args=[f"--webhook-port={fixed_port()}", *admission.operator_args(state)],
         )
         try:
             operator.start()
@@ -708,6 +718,8 @@ class DevStack:
 
     def _write_env(self, state: dict) -> None:
         """`.dev/env` and `.dev/kubeconfig`: the same bytes as long as the control plane lives."""
+        from provisioner_dev import admission
+
         kubeconfig = Path(state["kubeconfig"])
         if not kubeconfig.exists():
             shutil.copy(state["controlplane"]["kubeconfig"], kubeconfig)
@@ -716,6 +728,7 @@ class DevStack:
             "KUBECONFIG": str(kubeconfig.resolve()),
             **aws_env(state.get("cloud_url", state["moto_url"])),
             "PROVISIONER_CLUSTER_ID": DEV_CLUSTER_ID,
+            **admission.operator_env(state),
         }
         text = "".join(f"export {k}={v}\n" for k, v in env_lines.items())
         env = self.dev_dir / "env"

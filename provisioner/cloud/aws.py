@@ -1,11 +1,13 @@
 """boto3 clients, retries with jittered backoff, and error classification.
 
 Clients are made once per (service, region, account) and shared across threads (boto3
-clients are thread-safe; sessions are not, hence the lock). A resource that lives in a
-CloudAccount gets clients signed with that account's assumed-role session
-(provisioner/cloud/assume.py); the others, the operator's own credentials. botocore's own retry
-loop is off: tenacity retries retryable errors inside one call, and the reconciler
-requeues with a growing delay after that.
+clients are thread-safe; sessions are not, hence the lock). The regions are those the
+operator knows (provisioner/accounts.py refuses any other spec.region before a client is
+asked for), and at most CLIENT_CACHE_SIZE clients are kept, the least recently used going
+first. A resource that lives in a CloudAccount gets clients signed with that account's
+assumed-role session (provisioner/cloud/assume.py); the others, the operator's own
+credentials. botocore's own retry loop is off: tenacity retries retryable errors inside one
+call, and the reconciler requeues with a growing delay after that.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import logging
 import re
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -34,6 +36,9 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 # How long a failed GetCallerIdentity stands before the operator's own account is asked again.
 OWN_ACCOUNT_RETRY = 30.0
+# The clients kept at most (about 220 KiB each; making one again takes about 10 ms): the
+# services of every kind, with IAM and STS, in some 35 (region, account) pairs.
+CLIENT_CACHE_SIZE = 256
 
 # Codes every AWS service shares; each kind adds its service's own (KindDescriptor.error_codes).
 THROTTLING_CODES = {
@@ -200,8 +205,9 @@ class Aws:
         # botocore's endpoint table and S3's model, pruned (provisioner/cloud/botodata.py).
         self._session = botodata.session()
         self._lock = threading.Lock()
-        # (service, region, account name, access key of its session) -> client.
-        self._clients: dict[tuple[str, str, str, str], Any] = {}
+        # (service, region, account name, access key of its session) -> client, the least
+        # recently used first.
+        self._clients: OrderedDict[tuple[str, str, str, str], Any] = OrderedDict()
         self.budget = CallBudget(settings.budget)
         self.sessions = AssumedSessions(
             lambda: self.client("sts"), settings.session_name, self.call
@@ -237,6 +243,7 @@ class Aws:
         with self._lock:
             client = self._clients.get(key)
             if client is not None:
+                self._clients.move_to_end(key)
                 return client
             credentials: dict[str, str] = {}
             if session is not None:
@@ -264,6 +271,8 @@ class Aws:
                 "after-call-error", functools.partial(_count_call_error, account=account_id)
             )
             self._clients[key] = client
+            while len(self._clients) > CLIENT_CACHE_SIZE:
+                self._clients.popitem(last=False)
             return client
 
     def account_id(self, account: AccountRef | None = None) -> str:

@@ -38,6 +38,8 @@ class Observation:
     exists: bool
     # The owner-uid tag found on the resource ("" if the resource carries none).
     owner_uid: str = ""
+    # The namespace the resource's owner allows to adopt it (its `ADOPTABLE_BY_TAG`).
+    adoptable_by: str = ""
     # Usable right now (an RDS instance is `available`, a bucket or queue always is).
     available: bool = True
     # Going away (RDS `deleting`); the reconciler waits for NotFound.
@@ -222,3 +224,12 @@ def levels(
 
 def owner_of(tags: dict[str, str]) -> str:
     return tags.get(OWNER_UID_TAG, "")
+
+
+# Set on an untagged cloud resource by whoever owns it in the cloud, naming the one
+# namespace whose resources may adopt it (the `adopt` annotation alone never suffices).
+ADOPTABLE_BY_TAG = "provisioner.dev/adoptable-by"
+
+
+def adoptable_by(tags: dict[str, str]) -> str:
+    return tags.get(ADOPTABLE_BY_TAG, "")

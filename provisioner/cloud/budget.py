@@ -36,6 +36,10 @@ sources are in docs/api.md):
 
 `backlog` says how long calls already wait on a service's buckets: the periodic resync
 defers a look rather than have it queue behind them (or creates queue behind it).
+
+A call made for a namespace (`turns.CALLER`, set around a resource's pass) waits its turn
+among that namespace's calls, and the namespaces' turns are interleaved: one namespace's
+thousand calls do not put another's behind all of them (provisioner/cloud/turns.py).
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import botocore.exceptions
+
+from provisioner.cloud.turns import CALLER, HEADROOM, Schedule, Turns
 
 T = TypeVar("T")
 
@@ -165,6 +171,8 @@ class Bucket:
         self.throttled_since: float | None = None
         # When the rate was last decreased.
         self.decreased_at = float("-inf")
+        # The moments promised to calls that took a token before it was there.
+        self.schedule = Schedule()
 
     def _refill(self, now: float) -> None:
         self.tokens = min(self.capacity, self.tokens + (now - self.updated) * self.rate)
@@ -173,8 +181,24 @@ class Bucket:
     def reserve(self, now: float) -> float:
         """Take a token (possibly one not there yet); seconds to wait before using it."""
         self._refill(now)
+        self.schedule.prune(now)
         self.tokens -= 1
-        return 0.0 if self.tokens >= 0 else -self.tokens / self.rate
+        wait = 0.0 if self.tokens >= 0 else -self.tokens / self.rate
+        if wait > 0:
+            self.schedule.promise(now + wait, None)
+        return wait
+
+    def reserve_turn(self, now: float, queued: bool) -> float:
+        """Take a token for a namespace's call (see provisioner/cloud/turns.py): one that no
+        promised call needs, at the first moment there is one; with `queued` (more of its
+        namespace's calls wait behind it), behind every promised call and leaving HEADROOM
+        tokens. Seconds to wait; the caller promises the moment its call goes."""
+        self._refill(now)
+        self.schedule.prune(now)
+        need = 1.0 + (max(0.0, min(HEADROOM, self.capacity - 1.0)) if queued else 0.0)
+        wait = self.schedule.fit(self.tokens, now, self.rate, self.capacity, need, tail=queued)
+        self.tokens -= 1
+        return wait
 
     def throttled(self, now: float, reserved_at: float | None = None) -> None:
         """A throttling answer to a call that took its token at `reserved_at` (None: now)."""
@@ -278,6 +302,7 @@ class CallBudget:
         self.sleep = sleep
         self._lock = threading.Lock()
         self._buckets: dict[tuple[str, str, str], Bucket] = {}
+        self._turns = Turns()
         self.share = 1.0
         ACTIVE.add(self)
 
@@ -315,7 +340,14 @@ class CallBudget:
         return found
 
     def acquire(self, service: str, buckets: list[Bucket]) -> float:
-        """Take a token from each bucket, waiting as long as the emptiest one needs."""
+        """Take a token from each bucket, waiting as long as the emptiest one needs (made for
+        a namespace: in its turn)."""
+        caller = CALLER.get()
+        if caller is not None:
+            waited = self._turns.take(buckets, caller, self._lock, self.clock, self.sleep)
+            if waited > 0:
+                LISTENERS.waited(service, waited)
+            return waited
         with self._lock:
             now = self.clock()
             wait = max((bucket.reserve(now) for bucket in buckets), default=0.0)
@@ -337,8 +369,13 @@ class CallBudget:
                 if name != service and not name.startswith(f"{service}."):
                     continue
                 bucket._refill(now)
-                if bucket.tokens < 0:
-                    wait = max(wait, -bucket.tokens / bucket.rate)
+                bucket.schedule.prune(now)
+                # The last promised call, then those still waiting for their turn.
+                last = bucket.schedule.slots[-1][0] - now if bucket.schedule.slots else 0.0
+                owed = max(0.0, -bucket.tokens / bucket.rate, last)
+                queued = self._turns.queued(bucket)
+                if owed > 0 or queued:
+                    wait = max(wait, owed + queued / bucket.rate)
         return wait
 
     def run(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:

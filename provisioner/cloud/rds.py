@@ -17,6 +17,7 @@ from provisioner.cloud.base import (
     KindDescriptor,
     Observation,
     OwnedResource,
+    adoptable_by,
     owner_of,
 )
 from provisioner.connection_secret import database_uri
@@ -256,6 +257,7 @@ def _observation(resource: Resource, instance: dict[str, Any]) -> Observation:
     return Observation(
         exists=True,
         owner_uid=owner_of(_tags(instance)),
+        adoptable_by=adoptable_by(_tags(instance)),
         available=state in USABLE_STATES or state.startswith("configuring-"),
         deleting=state == "deleting",
         state=state,

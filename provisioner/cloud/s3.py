@@ -16,6 +16,7 @@ from provisioner.cloud.base import (
     KindDescriptor,
     Observation,
     OwnedResource,
+    adoptable_by,
     levels,
     owner_of,
 )
@@ -158,6 +159,7 @@ class S3Client:
         return Observation(
             exists=True,
             owner_uid=owner_of(tags),
+            adoptable_by=adoptable_by(tags),
             state="available",
             arn=arn,
             diffs=_diffs(resource, config, tags),

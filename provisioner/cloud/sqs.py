@@ -21,6 +21,7 @@ from provisioner.cloud.base import (
     KindDescriptor,
     Observation,
     OwnedResource,
+    adoptable_by,
     levels,
     owner_of,
 )
@@ -131,6 +132,7 @@ class SqsClient:
         return Observation(
             exists=True,
             owner_uid=owner_of(tags),
+            adoptable_by=adoptable_by(tags),
             state="available",
             arn=arn,
             diffs=_diffs(resource, attributes, tags) + subscriptions.diffs(subscribed, wanted),

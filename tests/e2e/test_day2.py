@@ -137,6 +137,11 @@ def test_adoption_of_an_untagged_bucket(kube, operator, aws, namespace):
     existing = f"legacy-{namespace}"
     aws.s3.create_bucket(Bucket=existing)
     aws.s3.put_object(Bucket=existing, Key="old.txt", Body=b"history")
+    # Its owner in the cloud allows this namespace, and only it, to adopt it.
+    aws.s3.put_bucket_tagging(
+        Bucket=existing,
+        Tagging={"TagSet": [{"Key": "provisioner.dev/adoptable-by", "Value": namespace}]},
+    )
     apply(
         kube,
         namespace,
@@ -168,7 +173,8 @@ def test_adoption_of_a_foreign_tagged_bucket_is_refused(kube, operator, aws, nam
         manifest("S3Bucket", "grab", f"{{bucketName: {foreign}}}", {f"{GROUP}/adopt": "true"}),
     )
     cr = wait_condition(kube, "s3bucket", namespace, "grab", "Synced", "False", "NameConflict")
-    assert "someone-else" in condition(cr, "Synced")["message"]
+    message = condition(cr, "Synced")["message"]
+    assert "owned by another resource" in message and "someone-else" not in message
     tags = aws.s3.get_bucket_tagging(Bucket=foreign)["TagSet"]
     assert tags == [{"Key": "provisioner.dev/owner-uid", "Value": "someone-else"}]
 

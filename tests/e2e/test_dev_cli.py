@@ -1,5 +1,6 @@
 """`provisioner dev up|status|down`: idempotent, a dead operator restarted alone, a dead
-control plane or moto started over, the developer's own `provisioner run`, nothing left running.
+control plane or moto started over, the developer's own `provisioner run`, nothing left running;
+the cluster as the chart installs it (admission policies, roles, spec.access through IRSA).
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ import boto3
 import pytest
 
 from provisioner_dev.binaries import ensure_binaries
+from provisioner_dev.controlplane import ControlPlane
 from provisioner_dev.processes import alive, free_port
 from provisioner_dev.stack import conversion_answers, run_kubectl
 from tests.conftest import needs_own_controlplane
-from tests.helpers import apply, get, wait_for, wait_ready
+from tests.helpers import Kubectl, apply, assert_refused, events, get, wait_for, wait_ready
 
 pytestmark = [pytest.mark.e2e, needs_own_controlplane]
 
@@ -308,6 +310,105 @@ def test_the_developer_loop_runs_their_own_operator_against_dev_up_no_operator(d
     assert {k: after["pids"][k] for k in STACK} == {k: before["pids"][k] for k in STACK}
     assert alive(after["pids"]["operator"])
     assert dev(dev_dir, "status").returncode == 0
+
+
+REQUESTED_BY = "cloud.provisioner.dev/requested-by"
+
+
+def assert_trusts_the_clusters_issuer(state: dict, role_arn: str) -> None:
+    """The role IRSA's pods assume trusts the IAM OIDC provider of the cluster's issuer,
+    which `dev up` registered in moto."""
+    iam = boto3.client(
+        "iam", endpoint_url=state["moto_url"], region_name="us-east-1",
+        aws_access_key_id="testing", aws_secret_access_key="testing",
+    )  # fmt: skip
+    found = iam.get_role(RoleName=role_arn.rsplit("/", 1)[1])["Role"]
+    (trust,) = found["AssumeRolePolicyDocument"]["Statement"]
+    issuer = state["oidc_issuer"].removeprefix("https://")
+    provider = f"arn:aws:iam::123456789012:oidc-provider/{issuer}"
+    assert trust["Principal"] == {"Federated": provider}
+    listed = iam.list_open_id_connect_providers()["OpenIDConnectProviderList"]
+    assert provider in [p["Arn"] for p in listed]
+
+
+@pytest.mark.timeout(600)
+def test_up_runs_the_operator_as_the_chart_installs_it(dev_dir):
+    """The chart's admission policies and roles are in the cluster, and the operator runs with
+    spec.access (IRSA against the cluster's issuer, an IAM OIDC provider in moto)."""
+    up = dev(dev_dir, "up")
+    assert up.returncode == 0, up.stderr
+    state = read_state(dev_dir)
+    kube = DevCluster(dev_dir)
+    for kind in ("mutatingadmissionpolicy", "validatingadmissionpolicy"):
+        for what in (kind, f"{kind}binding"):
+            kube.kubectl("get", what, "provisioner-dev-requested-by")
+
+    # A tenant holding `edit` in its namespace (the chart's roles aggregated into it).
+    kube.kubectl("create", "namespace", "app")
+    tenant = "system:serviceaccount:app:tenant"
+    role = "edit" if "kube-controller-manager" in STACK else "provisioner-dev-edit"
+    kube.kubectl(
+        "create", "rolebinding", "tenant", "-n", "app", f"--clusterrole={role}",
+        "--serviceaccount=app:tenant",
+    )  # fmt: skip
+    wait_for(
+        lambda: kube.kubectl(
+            "auth", "can-i", "create", "s3buckets.cloud.provisioner.dev", f"--as={tenant}",
+            "-n", "app", check=False,
+        ).stdout.strip() == "yes",
+        what="the edit role to cover the kinds",
+    )  # fmt: skip
+    kube.kubectl("create", "serviceaccount", "worker", "-n", "app")
+    forged = (
+        "apiVersion: cloud.provisioner.dev/v1beta1\nkind: S3Bucket\nmetadata:\n  name: shared\n"
+        f"  annotations: {{{REQUESTED_BY}: system:admin}}\n"
+        "spec:\n  access: [{serviceAccountName: worker, level: read}]\n"
+    )
+    created = kube.kubectl(
+        "create", f"--as={tenant}", "-n", "app", "-f", "-", input=forged, check=False
+    )
+    assert created.returncode == 0, created.stderr
+    cr = wait_ready(kube, "s3bucket", "app", "shared", timeout=120)
+    # The forged name never lands: the API server recorded the tenant's own.
+    assert cr["metadata"]["annotations"][REQUESTED_BY] == tenant
+    changed = kube.kubectl(
+        "annotate", "s3bucket", "shared", "-n", "app", f"--as={tenant}", "--overwrite",
+        f"{REQUESTED_BY}=system:admin", check=False,
+    )  # fmt: skip
+    assert_refused(changed, f"{REQUESTED_BY} is recorded by the API server")
+    made = wait_for(lambda: events(kube, "app", "shared", "Created"), what="the Created Event")
+    assert f"(requested by {tenant})" in made[0]["message"]
+
+    # spec.access: the role, trusting the cluster's issuer, and the ServiceAccount pointing at it.
+    (grant,) = cr["status"]["access"]
+    assert grant["serviceAccountName"] == "worker" and grant["level"] == "read"
+    assert_trusts_the_clusters_issuer(state, grant["roleArn"])
+    worker = get(kube, "serviceaccount", "app", "worker")
+    assert worker["metadata"]["annotations"]["eks.amazonaws.com/role-arn"] == grant["roleArn"]
+    assert dev(dev_dir, "status").returncode == 0
+
+
+def test_down_takes_the_policies_out_of_a_cluster_it_did_not_start(dev_dir):
+    theirs = ControlPlane(dev_dir / "theirs", ensure_binaries())
+    theirs.start()
+    try:
+        cluster = Kubectl(theirs.kubeconfig)
+        up = dev(dev_dir, "up", "--no-operator", "--kubeconfig", str(theirs.kubeconfig))
+        assert up.returncode == 0, up.stderr
+        objects = read_state(dev_dir)["admission"]["objects"]
+        assert {resource.split(".")[0] for resource, _ in objects} >= {
+            "validatingadmissionpolicy",
+            "validatingadmissionpolicybinding",
+            "clusterrole",
+        }
+        for resource, name in objects:
+            cluster.kubectl("get", resource, name)
+        down = dev(dev_dir, "down")
+        assert down.returncode == 0, down.stderr
+        for resource, name in objects:
+            assert cluster.kubectl("get", resource, name, check=False).returncode != 0, name
+    finally:
+        theirs.stop()
 
 
 def test_missing_go_toolchain_is_one_clear_line(tmp_path):

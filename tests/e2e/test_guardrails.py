@@ -59,12 +59,17 @@ def render(release: str, template: str, *sets: str) -> str:
 
 @pytest.fixture(scope="module")
 def guarded(cluster: Cluster) -> Iterator[Guarded]:
-    tag = uuid.uuid4().hex[:8]
-    release = f"g{tag}"
+    tag = f"g{uuid.uuid4().hex[:8]}"  # never a number to `helm --set`
+    release = tag
     selector = f"matchLabels.guard-test={tag}"
     docs = "\n---\n".join(
         [
-            render(release, "requested-by.yaml", f"requestedBy.namespaceSelector.{selector}"),
+            render(
+                release,
+                "requested-by.yaml",
+                f"requestedBy.namespaceSelector.{selector}",
+                f"requestedBy.validationNamespaceSelector.{selector}",
+            ),
             render(release, "aggregated-roles.yaml"),
             render(
                 release,
@@ -143,9 +148,12 @@ def visibility(aws, url: str) -> str:
 
 
 def test_requested_by_is_stamped_by_the_api_server_and_nobody_changes_it(
-    kube, guarded_namespace, operator
+    kube, guarded, own_namespace, start_operator
 ):
-    ns = guarded_namespace
+    # An operator told that the annotation is checked (as the chart tells it).
+    ns = own_namespace
+    kube.kubectl("label", "namespace", ns, guarded.label)
+    operator = start_operator(args=["--requested-by=verified"])
     token = developer(kube, ns, "dev")
     who = f"system:serviceaccount:{ns}:dev"
     forged = (

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from provisioner.cloud import errors, rds, s3, sqs, tag_diffs
-from provisioner.cloud.base import FieldDiff, Observation
+from provisioner.cloud.base import ADOPTABLE_BY_TAG, FieldDiff, Observation
 from provisioner.kube import KubeError
 from provisioner.models import OWNER_UID_TAG, Resource
 
@@ -203,6 +203,7 @@ class FakeCloud:
         return Observation(
             exists=True,
             owner_uid=obj.tags.get(OWNER_UID_TAG, ""),
+            adoptable_by=obj.tags.get(ADOPTABLE_BY_TAG, ""),
             available=obj.state in ("available", "modifying"),
             deleting=obj.state == "deleting",
             state=obj.state,
@@ -308,6 +309,15 @@ class FakeKube:
         self.status_patches: list[tuple[str, str, dict[str, Any]]] = []
         self.script = Script()
         self._uids = 0
+        # Namespaces by name (GET through `request`); absent: 404.
+        self.namespaces: dict[str, dict[str, Any]] = {}
+
+    def request(self, method: str, path: str, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
+        prefix = "/api/v1/namespaces/"
+        if method != "GET" or not path.startswith(prefix) or "/" in path[len(prefix) :]:
+            raise AssertionError(f"unexpected request {method} {path}")
+        self._record("get_namespace", path[len(prefix) :])
+        return copy.deepcopy(self.namespaces.get(path[len(prefix) :]))
 
     def _record(self, method: str, name: str) -> None:
         self.journal.append(("kube", method, name))

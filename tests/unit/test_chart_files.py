@@ -162,6 +162,8 @@ COMMON = [
     ("RoleBinding", "ops"),
     ("Service", "ops"),  # the webhook
     ("ServiceAccount", "ops"),
+    ("ValidatingAdmissionPolicy", None),  # requested-by: nobody else's name, never changed
+    ("ValidatingAdmissionPolicyBinding", None),
 ]
 
 
@@ -481,14 +483,79 @@ def test_aggregated_roles_give_view_reading_and_edit_writing(helm):
 
 
 def test_policies_are_off_by_default_and_requested_by_needs_the_api(helm):
-    assert not [d for d in render(helm) if "AdmissionPolicy" in d["kind"]]
+    def policies(docs):
+        return sorted(
+            (d["kind"], d["metadata"]["name"]) for d in docs if "AdmissionPolicy" in d["kind"]
+        )
+
+    # Who asked is checked everywhere, on every Kubernetes version; stamped only where the
+    # API server serves MutatingAdmissionPolicy.
+    checked = [
+        ("ValidatingAdmissionPolicy", "provisioner-requested-by"),
+        ("ValidatingAdmissionPolicyBinding", "provisioner-requested-by"),
+    ]
+    assert policies(render(helm)) == checked
+    assert policies(render(helm, "requestedBy.enabled=false")) == checked
+    args = [str(helm), "template", "provisioner", str(CHART), "--namespace", "ops"]
+    args += ["--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"]
+    result = subprocess.run(args, capture_output=True, text=True, check=True)
+    stamped = [d for d in yaml.safe_load_all(result.stdout) if d]
+    assert policies(stamped) == sorted(
+        [
+            *checked,
+            ("MutatingAdmissionPolicy", "provisioner-requested-by"),
+            ("MutatingAdmissionPolicyBinding", "provisioner-requested-by"),
+        ]
+    )
     on = render(helm, "policy.enabled=true")
-    assert sorted(d["kind"] for d in on if "AdmissionPolicy" in d["kind"]) == [
+    assert [kind for kind, name in policies(on) if not name.endswith("-requested-by")] == [
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicyBinding",
     ]
+
+
+def test_requested_by_is_checked_on_create_and_update_and_verified_for_the_operator(helm):
+    docs = render(helm)
+    (policy,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert sorted(rule["operations"]) == ["CREATE", "UPDATE"]
+    assert "request.userInfo.username" in policy["spec"]["validations"][0]["expression"]
+    (binding,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    # Every namespace, whatever requestedBy.namespaceSelector says (that is the stamping's).
+    assert "matchResources" not in binding["spec"]
+    narrowed = render(helm, "requestedBy.namespaceSelector.matchLabels.stamp=yes")
+    (binding,) = [d for d in narrowed if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert "matchResources" not in binding["spec"]
+
+    def requested_by(docs):
+        (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        return {e["name"]: e.get("value") for e in container["env"]}["PROVISIONER_REQUESTED_BY"]
+
+    assert requested_by(docs) == requested_by(narrowed) == "verified"
+    # Checked in some namespaces only: elsewhere the annotation is a claim, named nowhere.
+    some = render(helm, "requestedBy.validationNamespaceSelector.matchLabels.team=a")
+    (binding,) = [d for d in some if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert binding["spec"]["matchResources"] == {
+        "namespaceSelector": {"matchLabels": {"team": "a"}}
+    }
+    assert requested_by(some) == "unverified"
+
+
+def test_sharding_labels_are_reserved_to_the_operators_service_account(helm):
+    docs = render(helm, "sharding.enabled=true", "serviceAccount.name=op")
+    policies = {d["kind"]: d for d in docs if d["metadata"]["name"].endswith("-sharding-labels")}
+    assert set(policies) == {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    policy = policies["ValidatingAdmissionPolicy"]["spec"]
+    (rule,) = policy["matchConstraints"]["resourceRules"]
+    assert sorted(rule["operations"]) == ["CREATE", "UPDATE"]
+    (exempt,) = policy["matchConditions"]
+    assert "'system:serviceaccount:ops:op'" in exempt["expression"]
+    assert "sharding.cloud.provisioner.dev/" in policy["variables"][-1]["expression"]
+    # Without sharding nothing reads them.
+    assert not [d for d in render(helm) if d["metadata"]["name"].endswith("-sharding-labels")]
 
 
 # The CRDs and the conversion webhook --------------------------------------------------------
@@ -625,9 +692,52 @@ def test_webhook_rbac_is_its_crds_by_name_and_its_secret(helm, sets):
         ]
 
 
+def network_policies(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == "NetworkPolicy"]
+
+
+def test_network_policy_opens_the_webhook_and_metrics_ports_of_the_operator_pods(helm):
+    assert network_policies(render(helm)) == []  # values-gated, off by default
+    docs = render(helm, "networkPolicy.enabled=true", "webhook.port=10443")
+    (policy,) = network_policies(docs)
+    assert policy["metadata"]["namespace"] == "ops"
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert selector and selector.items() <= pod_labels.items()
+    assert selector == deployment["spec"]["selector"]["matchLabels"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    webhook_rule, metrics_rule = policy["spec"]["ingress"]
+    assert ports["webhook"] == 10443
+    assert webhook_rule == {"ports": [{"port": ports["webhook"], "protocol": "TCP"}]}
+    assert metrics_rule == {"ports": [{"port": ports["metrics"], "protocol": "TCP"}]}
+    # Ingress only: nothing but these two ports is open; egress stays as it was.
+    assert policy["spec"]["policyTypes"] == ["Ingress"] and "egress" not in policy["spec"]
+
+
+def test_network_policy_narrows_to_the_peers_given(helm):
+    api_server = "networkPolicy.webhookFrom[0].ipBlock.cidr=10.0.0.0/24"
+    scraper = "networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.team=monitoring"
+    egress = "networkPolicy.egress[0].ports[0].port=443"
+    docs = render(helm, "networkPolicy.enabled=true", api_server, scraper, egress)
+    (policy,) = network_policies(docs)
+    webhook_rule, metrics_rule = policy["spec"]["ingress"]
+    assert webhook_rule["from"] == [{"ipBlock": {"cidr": "10.0.0.0/24"}}]
+    assert metrics_rule["from"] == [{"namespaceSelector": {"matchLabels": {"team": "monitoring"}}}]
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    assert policy["spec"]["egress"] == [{"ports": [{"port": 443}]}]
+    # No metrics port, no metrics rule.
+    (policy,) = network_policies(render(helm, "networkPolicy.enabled=true", "metrics.port=0"))
+    assert [r["ports"][0]["port"] for r in policy["spec"]["ingress"]] == [9443]
+
+
 def test_policies_read_v1beta1_and_convert_v1alpha1_requests_first(helm):
     policies = [
-        d for d in render(helm, "policy.enabled=true") if d["kind"] == "ValidatingAdmissionPolicy"
+        d
+        for d in render(helm, "policy.enabled=true")
+        if d["kind"] == "ValidatingAdmissionPolicy"
+        and d["metadata"]["name"] != "provisioner-requested-by"
     ]
     assert policies
     for policy in policies:

@@ -9,25 +9,32 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import string
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from provisioner import FINALIZER, GROUP
+from provisioner import FINALIZER, GROUP, v1beta1_rules
 from provisioner.conversion import (
     FIELDS_ANNOTATION,
     HUB,
     KINDS,
+    MAX_FIELDS_CHARS,
     SERVED,
     V1ALPHA1,
     V1BETA1,
+    ConversionError,
     convert,
     review_response,
     version_of,
 )
+from provisioner_dev.crdgen import FILES
 
 # Fast and the same on every run: no example database, a fixed seed.
 PROPERTY = settings(
@@ -287,24 +294,41 @@ def template(kind: str) -> st.SearchStrategy[str]:
 SECRET_KEYS = st.text(WORD + "-._", min_size=1, max_size=20)
 
 
+CREDENTIAL = re.compile(r"\{\{ *\.(password|uri) *\}\}")
+
+
+def with_credential(keys: dict[str, str]) -> dict[str, str]:
+    """DatabaseInstance keys as v1beta1 takes them: none, or one naming the password."""
+    if keys and not any(CREDENTIAL.search(t) for t in keys.values()):
+        return {**keys, "PGPASSWORD": "{{ .password }}"}
+    return keys
+
+
 def connection_secret(kind: str) -> st.SearchStrategy[Obj]:
     """v1beta1 `spec.connectionSecret`: name and keys each present or not, an empty map too."""
+    keys = st.dictionaries(SECRET_KEYS, template(kind), max_size=4)
     return st.fixed_dictionaries(
         {},
         optional={
             "name": SUBDOMAINS,
-            "keys": st.dictionaries(SECRET_KEYS, template(kind), max_size=4),
+            "keys": keys.map(with_credential) if kind == "DatabaseInstance" else keys,
         },
     )
 
 
-STORAGE = st.fixed_dictionaries(
-    {},
-    optional={
-        "sizeGiB": st.integers(20, 65536),
-        "type": st.sampled_from(["gp2", "gp3", "io1", "io2", "standard"]),
-        "iops": st.integers(1000, 256000),
-    },
+IOPS = st.integers(1000, 256000)
+# The storage type and IOPS v1beta1 takes together: IOPS with io1 and io2 (always) and gp3.
+STORAGE_TYPES = st.one_of(
+    st.just({}),
+    st.sampled_from(["gp2", "gp3", "standard"]).map(lambda t: {"type": t}),
+    st.builds(
+        lambda t, iops: {"type": t, "iops": iops}, st.sampled_from(["io1", "io2", "gp3"]), IOPS
+    ),
+)
+STORAGE = st.builds(
+    lambda size, typed: size | typed,
+    st.fixed_dictionaries({}, optional={"sizeGiB": st.integers(20, 65536)}),
+    STORAGE_TYPES,
 )
 
 
@@ -515,6 +539,12 @@ CORRUPT = st.sampled_from(
         '{"connectionSecret": {"keys": {"DATABASE_URL": "' + SENTINEL,
         SENTINEL,
         "",
+        # JSON, but against v1beta1's rules, each with the value in it.
+        json.dumps({"connectionSecret": {"keys": {"DATABASE_URL": "{{ .nope }}" + SENTINEL}}}),
+        json.dumps({"connectionSecret": {"name": SENTINEL}}),
+        json.dumps({"connectionSecret": {"keys": {SENTINEL: "x"}}}),
+        json.dumps({"storage": {"type": SENTINEL}}),
+        json.dumps({"connectionSecret": SENTINEL}),
     ]
 )
 
@@ -565,3 +595,522 @@ def test_a_corrupt_annotation_fails_the_review_naming_the_object_only(
 def test_the_hub_is_v1beta1() -> None:
     assert HUB == V1BETA1
     assert set(KINDS) == set(TEMPLATE_VALUES)
+
+
+# -- v1beta1's rules on what the annotation carries -------------------------------------------
+#
+# The API server checks a v1alpha1 write against v1alpha1's schema, where the annotation is a
+# string: the conversion checks what it lifts to v1beta1 (the storage version) itself.
+
+ROOT = Path(__file__).resolve().parents[2]
+NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+ONLY = {
+    kind: "spec.connectionSecret.keys: a template may name only "
+    + ", ".join("{{ ." + v + " }}" for v in values)
+    for kind, values in TEMPLATE_VALUES.items()
+}
+CREDENTIAL_MESSAGE = (
+    "spec.connectionSecret.keys: at least one template must name {{ .password }} or {{ .uri }}:"
+    " the operator keeps the master password only in this Secret"
+)
+KEY_MESSAGE = "spec.connectionSecret.keys: a key is 1 to 253 of a-z, A-Z, 0-9, '-', '_' and '.'"
+IOPS_TYPE = "spec.storage.iops needs spec.storage.type io1, io2 or gp3"
+TYPE_IOPS = "spec.storage.type io1 and io2 need spec.storage.iops"
+DB, BUCKET, QUEUE, TOPIC = KINDS
+
+
+def crd_version(kind: str, version: str) -> Obj:
+    crd = yaml.safe_load((ROOT / "crds" / FILES[kind]).read_text())
+    found = [v for v in crd["spec"]["versions"] if v["name"] == version]
+    assert len(found) == 1, (kind, version)
+    return found[0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+
+
+# Schema keywords the table mirrors, as (attribute of v1beta1_rules.Schema, CRD keyword).
+CONSTRAINTS = {
+    "type": "type",
+    "min_length": "minLength",
+    "max_length": "maxLength",
+    "pattern": "pattern",
+    "enum": "enum",
+    "minimum": "minimum",
+    "maximum": "maximum",
+    "max_properties": "maxProperties",
+}
+# What the table has no need of: a default fills in, a description says.
+IGNORED = {"description", "default", "properties", "additionalProperties"}
+
+
+def assert_mirrors(ours: v1beta1_rules.Schema, crd: Obj, path: str) -> None:
+    """The table's node is the CRD's, constraint for constraint, rule for rule."""
+    unknown = set(crd) - set(CONSTRAINTS.values()) - IGNORED - {"x-kubernetes-validations"}
+    assert not unknown, f"{path}: the table does not check {sorted(unknown)}"
+    for attribute, keyword in CONSTRAINTS.items():
+        expected = crd.get(keyword)
+        expected = tuple(expected) if isinstance(expected, list) else expected
+        assert getattr(ours, attribute) == expected, f"{path}: {keyword}"
+    assert set(ours.properties) == set(crd.get("properties") or {}), f"{path}: properties"
+    for name, node in ours.properties.items():
+        assert_mirrors(node, crd["properties"][name], f"{path}.{name}")
+    assert (ours.values is None) == ("additionalProperties" not in crd), path
+    if ours.values is not None:
+        assert_mirrors(ours.values, crd["additionalProperties"], f"{path}.*")
+    # Every rule on an object alone (a transition rule compares with the stored object, which
+    # a conversion never sees; v1alpha1's own rule on the same value checks it), word for word.
+    rules = [r for r in crd.get("x-kubernetes-validations") or [] if "oldSelf" not in r["rule"]]
+    assert [(r.rule, r.message) for r in ours.rules] == [
+        (r["rule"], r["message"]) for r in rules
+    ], path
+
+
+@kinds
+def test_the_rules_are_the_v1beta1_crds_rules(kind: str) -> None:
+    new, old = crd_version(kind, V1BETA1), crd_version(kind, V1ALPHA1)
+    # What v1alpha1 has no place for is what the annotation carries.
+    lifted = set(new["properties"]) - set(old["properties"])
+    assert set(v1beta1_rules.LIFTED[kind]) == lifted
+    for name, schema in v1beta1_rules.LIFTED[kind].items():
+        assert_mirrors(schema, new["properties"][name], f"spec.{name}")
+
+
+def test_the_crd_messages_are_the_ones_users_read() -> None:
+    # docs/api.md gives these: the table must keep them as they are.
+    messages = {
+        kind: [r.message for s in v1beta1_rules.LIFTED[kind].values() for r in all_rules(s)]
+        for kind in KINDS
+    }
+    assert messages[DB] == [KEY_MESSAGE, ONLY[DB], CREDENTIAL_MESSAGE, IOPS_TYPE, TYPE_IOPS]
+    for kind in (BUCKET, QUEUE, TOPIC):
+        assert messages[kind] == [KEY_MESSAGE, ONLY[kind]]
+
+
+def all_rules(schema: v1beta1_rules.Schema) -> list[v1beta1_rules.Cel]:
+    nested = [all_rules(s) for s in schema.properties.values()]
+    return [r for rules in nested for r in rules] + list(schema.rules)
+
+
+def at_v1alpha1(kind: str, fields: Any, spec: Obj | None = None) -> Obj:
+    """A v1alpha1 object whose annotation holds `fields` (JSON unless already a string)."""
+    text = fields if isinstance(fields, str) else json.dumps(fields)
+    base: Obj = {"engine": "postgres", "instanceClass": "db.t3.micro"} if kind == DB else {}
+    return {
+        "apiVersion": f"{GROUP}/{V1ALPHA1}",
+        "kind": kind,
+        "metadata": {
+            "name": "orders",
+            "namespace": "team",
+            "annotations": {FIELDS_ANNOTATION: text},
+        },
+        "spec": base | (spec or {}),
+    }
+
+
+def refusal(body: Obj) -> str:
+    """The message of the failed review of `body` to v1beta1 (the storage version)."""
+    answer = review_response(review([body], V1BETA1, "uid-1"))["response"]
+    assert answer["uid"] == "uid-1"
+    assert answer["convertedObjects"] == []
+    assert answer["result"]["status"] == "Failure", answer
+    message = answer["result"]["message"]
+    assert isinstance(message, str) and "\n" not in message
+    return message
+
+
+def refused_with(kind: str, message: str) -> str:
+    return f"{kind} team/orders: annotation {FIELDS_ANNOTATION}: {message}"
+
+
+def keys(**templates: Any) -> Obj:
+    return {"connectionSecret": {"keys": templates}}
+
+
+def storage(**fields: Any) -> Obj:
+    return {"storage": fields}
+
+
+NAME = "spec.connectionSecret.name"
+REFUSED = [
+    # What was stored unchecked before: each refused as v1beta1 refuses it.
+    pytest.param(BUCKET, keys(PASSWORD="{{ .password }}"), ONLY[BUCKET], id="bucket-password"),
+    pytest.param(
+        BUCKET,
+        {"connectionSecret": {"name": "Not_A/Valid..Name"}},
+        f"{NAME} in body should match '{NAME_PATTERN}'",
+        id="bad-secret-name",
+    ),
+    pytest.param(DB, keys(HOST="{{ .host }}"), CREDENTIAL_MESSAGE, id="db-without-password"),
+    pytest.param(DB, storage(type="io1"), TYPE_IOPS, id="io1-without-iops"),
+    # The rest of spec.connectionSecret.
+    *(
+        pytest.param(kind, keys(X="{{ ." + other + " }}"), ONLY[kind], id=f"{kind}-unknown-value")
+        for kind, other in ((DB, "bucket"), (BUCKET, "host"), (QUEUE, "topicArn"), (TOPIC, "uri"))
+    ),
+    pytest.param(QUEUE, keys(X="{{ .queueUrl }"), ONLY[QUEUE], id="unclosed"),
+    pytest.param(TOPIC, keys(X="{{ .topicArn | upper }}"), ONLY[TOPIC], id="pipeline"),
+    pytest.param(BUCKET, keys(X="{ .bucket }"), ONLY[BUCKET], id="single-braces"),
+    pytest.param(BUCKET, keys(X="}"), ONLY[BUCKET], id="lone-brace"),
+    pytest.param(DB, keys(X="{{ .password }}", Y="{{ .nope }}"), ONLY[DB], id="db-one-bad"),
+    pytest.param(BUCKET, keys(**{"a/b": "x"}), KEY_MESSAGE, id="key-slash"),
+    pytest.param(BUCKET, keys(**{"a\n": "x"}), KEY_MESSAGE, id="key-final-newline"),
+    pytest.param(BUCKET, keys(**{"": "x"}), KEY_MESSAGE, id="key-empty"),
+    pytest.param(BUCKET, keys(**{"k" * 254: "x"}), KEY_MESSAGE, id="key-too-long"),
+    pytest.param(
+        BUCKET,
+        keys(X="x" * 1025),
+        "spec.connectionSecret.keys.X: Too long: may not be more than 1024 bytes",
+        id="template-too-long",
+    ),
+    pytest.param(
+        QUEUE,
+        keys(X=7),
+        'spec.connectionSecret.keys.X in body must be of type string: "integer"',
+        id="template-not-string",
+    ),
+    pytest.param(
+        TOPIC,
+        {"connectionSecret": {"keys": {f"k{i}": "x" for i in range(51)}}},
+        "spec.connectionSecret.keys: Too many: 51: must have at most 50 items",
+        id="too-many-keys",
+    ),
+    pytest.param(
+        TOPIC,
+        {"connectionSecret": {"keys": ["X"]}},
+        'spec.connectionSecret.keys in body must be of type object: "array"',
+        id="keys-not-object",
+    ),
+    pytest.param(
+        QUEUE,
+        {"connectionSecret": {"name": ""}},
+        f"{NAME} in body should be at least 1 chars long",
+        id="name-empty",
+    ),
+    pytest.param(
+        QUEUE,
+        {"connectionSecret": {"name": "a" * 254}},
+        f"{NAME}: Too long: may not be more than 253 bytes",
+        id="name-too-long",
+    ),
+    pytest.param(
+        QUEUE,
+        {"connectionSecret": {"name": "orders-connection\n"}},
+        f"{NAME} in body should match '{NAME_PATTERN}'",
+        id="name-final-newline",
+    ),
+    pytest.param(
+        QUEUE,
+        {"connectionSecret": {"name": ["x"]}},
+        f'{NAME} in body must be of type string: "array"',
+        id="name-not-string",
+    ),
+    pytest.param(
+        TOPIC,
+        {"connectionSecret": "x"},
+        'spec.connectionSecret in body must be of type object: "string"',
+        id="secret-not-object",
+    ),
+    pytest.param(
+        TOPIC,
+        {"connectionSecret": None},
+        'spec.connectionSecret in body must be of type object: "null"',
+        id="secret-null",
+    ),
+    pytest.param(
+        TOPIC,
+        {"connectionSecret": {"namespace": "other"}},
+        'unknown field "spec.connectionSecret.namespace"'
+        " (spec.connectionSecret has only name, keys)",
+        id="secret-namespace",
+    ),
+    # spec.storage, and what no kind has.
+    pytest.param(DB, storage(type="io2"), TYPE_IOPS, id="io2-without-iops"),
+    pytest.param(DB, storage(iops=3000), IOPS_TYPE, id="iops-without-type"),
+    pytest.param(DB, storage(type="gp2", iops=3000), IOPS_TYPE, id="iops-with-gp2"),
+    pytest.param(DB, storage(type="standard", iops=3000), IOPS_TYPE, id="iops-with-standard"),
+    pytest.param(
+        DB,
+        storage(type="sc1"),
+        'spec.storage.type: Unsupported value: supported values: "gp2", "gp3", "io1", "io2",'
+        ' "standard"',
+        id="type-enum",
+    ),
+    pytest.param(
+        DB,
+        storage(type="io1", iops=999),
+        "spec.storage.iops in body should be greater than or equal to 1000",
+        id="iops-too-low",
+    ),
+    pytest.param(
+        DB,
+        storage(type="io1", iops=256001),
+        "spec.storage.iops in body should be less than or equal to 256000",
+        id="iops-too-high",
+    ),
+    pytest.param(
+        DB,
+        storage(type="gp3", iops="3000"),
+        'spec.storage.iops in body must be of type integer: "string"',
+        id="iops-string",
+    ),
+    pytest.param(
+        DB,
+        storage(type="gp3", iops=3000.5),
+        'spec.storage.iops in body must be of type integer: "number"',
+        id="iops-fraction",
+    ),
+    pytest.param(
+        DB,
+        storage(type="gp3", iops=True),
+        'spec.storage.iops in body must be of type integer: "boolean"',
+        id="iops-boolean",
+    ),
+    pytest.param(
+        DB,
+        storage(sizeGiB=10),
+        "spec.storage.sizeGiB in body should be greater than or equal to 20",
+        id="size-too-small",
+    ),
+    pytest.param(
+        DB,
+        {"storage": [1]},
+        'spec.storage in body must be of type object: "array"',
+        id="storage-not-object",
+    ),
+    pytest.param(
+        DB,
+        storage(type="gp3", throughput=500),
+        'unknown field "spec.storage.throughput" (spec.storage has only sizeGiB, type, iops)',
+        id="storage-throughput",
+    ),
+    pytest.param(
+        BUCKET,
+        storage(type="gp3"),
+        'unknown field "spec.storage" (the annotation carries only connectionSecret)',
+        id="storage-on-a-bucket",
+    ),
+    pytest.param(
+        DB,
+        {"publiclyAccessible": True},
+        'unknown field "spec.publiclyAccessible" (the annotation carries only connectionSecret,'
+        " storage)",
+        id="other-spec-field",
+    ),
+    pytest.param(
+        QUEUE,
+        {"x\ny": 1},
+        "unknown field in spec (the annotation carries only connectionSecret)",
+        id="unknown-name-not-quoted",
+    ),
+]
+
+
+@pytest.mark.parametrize(("kind", "fields", "message"), REFUSED)
+def test_a_lifted_field_that_breaks_a_v1beta1_rule_is_refused_with_its_message(
+    kind: str, fields: Obj, message: str
+) -> None:
+    body = at_v1alpha1(kind, fields)
+    assert refusal(body) == refused_with(kind, message)
+    with pytest.raises(ConversionError) as raised:
+        convert(body, V1BETA1)
+    assert str(raised.value) == f"annotation {FIELDS_ANNOTATION}: {message}"
+
+
+ACCEPTED = [
+    pytest.param(DB, keys(URL="{{ .uri }}?sslmode=require", H="{{.host}}"), id="db-uri"),
+    pytest.param(DB, keys(P="{{   .password   }}"), id="db-password-spaces"),
+    pytest.param(DB, keys(), id="db-empty-keys"),
+    pytest.param(BUCKET, keys(url="s3://{{ .bucket }}/", **{"aws.region": "{{ .region }}"})),
+    pytest.param(BUCKET, keys(fixed="no placeholder\nat all"), id="constant-multiline"),
+    pytest.param(QUEUE, keys(Q="{{ .queueName }} in {{ .region }}"), id="queue"),
+    pytest.param(TOPIC, {"connectionSecret": {"keys": {f"k{i}": "x" * 1024 for i in range(50)}}}),
+    pytest.param(DB, storage(type="gp3"), id="gp3"),
+    pytest.param(DB, storage(type="gp3", iops=3000), id="gp3-iops"),
+    pytest.param(DB, storage(type="io1", iops=1000), id="io1-min"),
+    pytest.param(DB, storage(type="io2", iops=256000), id="io2-max"),
+    pytest.param(DB, storage(), id="empty-storage"),
+    pytest.param(DB, {"connectionSecret": {}, "storage": {"type": "standard"}}, id="both"),
+    pytest.param(TOPIC, {}, id="nothing"),
+]
+
+
+@pytest.mark.parametrize(("kind", "fields"), ACCEPTED)
+def test_valid_lifted_fields_are_stored_and_read_back_losslessly(kind: str, fields: Obj) -> None:
+    body = at_v1alpha1(kind, fields)
+    answer = review_response(review([body], V1BETA1, "uid-1"))["response"]
+    assert answer["result"] == {"status": "Success"}
+    [stored] = answer["convertedObjects"]
+    assert FIELDS_ANNOTATION not in (stored["metadata"].get("annotations") or {})
+    for name, value in fields.items():
+        assert stored["spec"][name] == value, name
+    # Read back at v1alpha1 and written again: the same object at v1beta1.
+    back = convert(stored, V1ALPHA1)
+    assert convert(back, V1BETA1) == stored
+
+
+def test_the_docs_example_reads_at_v1beta1() -> None:
+    annotation = (
+        '{"connectionSecret":{"keys":{"DATABASE_URL":"{{ .uri }}"}},"storage":{"type":"gp3"}}'
+    )
+    body = at_v1alpha1(DB, annotation, {"allocatedStorageGiB": 100})
+    body["spec"]["writeConnectionSecretToRef"] = {"name": "orders-db"}
+    stored = convert(body, V1BETA1)
+    assert stored["spec"]["connectionSecret"] == {
+        "name": "orders-db",
+        "keys": {"DATABASE_URL": "{{ .uri }}"},
+    }
+    assert stored["spec"]["storage"] == {"sizeGiB": 100, "type": "gp3"}
+    assert convert(stored, V1ALPHA1) == body
+
+
+# The name and the size have v1alpha1 fields, whose v1alpha1 rules (immutable, may only grow)
+# see only those fields: the annotation may repeat them but not say otherwise.
+@pytest.mark.parametrize(
+    ("fields", "spec", "ok"),
+    [
+        (
+            {"connectionSecret": {"name": "orders-db"}},
+            {"writeConnectionSecretToRef": {"name": "orders-db"}},
+            True,
+        ),
+        ({"connectionSecret": {"name": "orders-connection"}}, {}, True),
+        (
+            {"connectionSecret": {"name": "other"}},
+            {"writeConnectionSecretToRef": {"name": "orders-db"}},
+            False,
+        ),
+        ({"connectionSecret": {"name": "other"}}, {}, False),
+    ],
+    ids=["same-as-ref", "same-as-default", "other-than-ref", "other-than-default"],
+)
+def test_the_secret_name_in_the_annotation_cannot_contradict_v1alpha1(
+    fields: Obj, spec: Obj, ok: bool
+) -> None:
+    body = at_v1alpha1(QUEUE, fields, spec)
+    if ok:
+        assert convert(body, V1BETA1)["spec"]["connectionSecret"] == fields["connectionSecret"]
+        return
+    assert refusal(body) == refused_with(
+        QUEUE,
+        "spec.connectionSecret.name differs from spec.writeConnectionSecretToRef.name"
+        " (<metadata.name>-connection when unset), where v1alpha1 sets it",
+    )
+
+
+@pytest.mark.parametrize(
+    ("size", "spec", "ok"),
+    [
+        (30, {"allocatedStorageGiB": 30}, True),
+        (20, {"allocatedStorageGiB": 30}, False),
+        (20, {}, False),
+    ],
+    ids=["same", "other", "no-v1alpha1-size"],
+)
+def test_the_size_in_the_annotation_cannot_contradict_v1alpha1(
+    size: int, spec: Obj, ok: bool
+) -> None:
+    body = at_v1alpha1(DB, storage(sizeGiB=size, type="gp3"), spec)
+    if ok:
+        assert convert(body, V1BETA1)["spec"]["storage"] == {"sizeGiB": size, "type": "gp3"}
+        return
+    assert refusal(body) == refused_with(
+        DB, "spec.storage.sizeGiB differs from spec.allocatedStorageGiB, where v1alpha1 sets it"
+    )
+
+
+MALFORMED = [
+    pytest.param("{", "is not JSON", id="truncated"),
+    pytest.param("[" * 100_000 + "]" * 100_000, "is not JSON", id="deeply-nested"),
+    pytest.param('{"a":' * 20_000 + "1" + "}" * 20_000, "is not JSON", id="deep-objects"),
+    pytest.param('{"storage": {"iops": ' + "9" * 5000 + "}}", "is not JSON", id="huge-number"),
+    pytest.param(
+        "x" * (MAX_FIELDS_CHARS + 1), f"is longer than {MAX_FIELDS_CHARS} characters", id="huge"
+    ),
+    pytest.param("[]", "must hold a JSON object", id="array"),
+    pytest.param('"connectionSecret"', "must hold a JSON object", id="string"),
+    pytest.param("null", "must hold a JSON object", id="null"),
+    pytest.param(5, "must be a string", id="not-a-string"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), MALFORMED)
+def test_a_malformed_annotation_is_refused_with_a_message(text: Any, message: str) -> None:
+    body = at_v1alpha1(DB, "{}")
+    body["metadata"]["annotations"][FIELDS_ANNOTATION] = text
+    assert refusal(body) == f"{DB} team/orders: annotation {FIELDS_ANNOTATION} {message}"
+
+
+def nested(depth: int) -> Obj:
+    """An object `depth` maps deep (no JSON parser would have built it)."""
+    value: Obj = {}
+    for _ in range(depth):
+        value = {"x": value}
+    return value
+
+
+@pytest.mark.parametrize(
+    ("request_", "message"),
+    [
+        (None, "not a ConversionReview: no request"),
+        ({"objects": "x"}, "request.objects must be a list"),
+        (
+            {"objects": [1], "desiredAPIVersion": V1BETA1},
+            "request.objects: an object must be a JSON object",
+        ),
+        ({"objects": [], "desiredAPIVersion": 5}, "request.desiredAPIVersion must be a string"),
+        (
+            {
+                "desiredAPIVersion": V1BETA1,
+                "objects": [
+                    {
+                        "apiVersion": f"{GROUP}/{V1ALPHA1}",
+                        "kind": QUEUE,
+                        "metadata": {"name": "q", "namespace": "n"},
+                        "spec": {"x": nested(5000)},
+                    }
+                ],
+            },
+            f"{QUEUE} n/q: not an object of this API",
+        ),
+        (
+            {"desiredAPIVersion": V1BETA1, "objects": [{"apiVersion": 1, "kind": "x" * 300}]},
+            '? /: apiVersion "1" is not one of',
+        ),
+    ],
+    ids=[
+        "no-request",
+        "objects-not-list",
+        "object-not-dict",
+        "version-not-string",
+        "annotations-list",
+        "junk",
+    ],
+)
+def test_a_malformed_review_fails_with_a_message_not_a_trace(request_: Any, message: str) -> None:
+    answer = review_response({"request": request_} if request_ is not None else [])
+    result = answer["response"]["result"]
+    assert answer["response"]["convertedObjects"] == []
+    assert result["status"] == "Failure" and message in result["message"], result
+
+
+def test_the_largest_hostile_values_are_checked_at_once() -> None:
+    """Lengths come before patterns, and the patterns never backtrack on these: the checks
+    take time in proportion to the value, which the API server bounds (256 KiB)."""
+    near_misses = {
+        # Almost placeholders, over and over, each failing at its last character.
+        "A": "{{ .bucket }" * 85,
+        "B": "{{ .bucket }}" * 78 + "{",
+        "C": "{{ " + " " * 1000 + ".x",
+        "D": "x" * 1023 + "}",
+    }
+    bodies = [
+        at_v1alpha1(
+            BUCKET, keys(**{f"{k}{i}": t for i in range(12) for k, t in near_misses.items()})
+        ),
+        at_v1alpha1(BUCKET, {"connectionSecret": {"name": "a-" * 126 + "-"}}),
+        at_v1alpha1(BUCKET, {"connectionSecret": {"name": ("a" + "-" * 60 + ".") * 4 + "_"}}),
+        at_v1alpha1(DB, keys(**{f"k{i}": "{{ .passwor }}" * 70 for i in range(50)})),
+    ]
+    started = time.monotonic()
+    for body in bodies:
+        refusal(body)
+    # Well above what they take (milliseconds), far below what backtracking would.
+    assert time.monotonic() - started < 2.0

@@ -26,10 +26,11 @@ import pytest
 from provisioner import API_VERSION, FINALIZER, annotation_keys, connection_secret, kinds
 from provisioner import conditions as cond
 from provisioner.cloud import errors
+from provisioner.cloud.base import ADOPTABLE_BY_TAG
 from provisioner.config import Settings
 from provisioner.kube import KubeError
 from provisioner.models import Resource
-from provisioner.reconcile import Event, Reconciler, Result
+from provisioner.reconcile import Event, Reconciler, Result, create_token
 from tests.unit.fakes import CloudObject, FakeCloud, FakeKube, FakePasswordCloud, Journal
 
 NS, NAME, UID = "team-a", "orders", "6f1c2a4e-0d2b-4c1e-9a7f-3b5d8e9f0a1b"
@@ -79,6 +80,7 @@ NEW = "new"
 SAME = "same"
 # Stands for the resource's cloud name in expected status fields.
 EXTERNAL_NAME = "<external name>"
+CREATE_TOKEN = "<create token>"
 
 READY = (True, cond.AVAILABLE)
 SYNCED = (True, cond.RECONCILE_SUCCESS)
@@ -158,6 +160,8 @@ class Case:
     passes: int = 1
     # Different entry points pass after pass (overrides entry and passes).
     sequence: tuple[str, ...] = ()
+    # The resource's namespace is being deleted.
+    namespace_terminating: bool = False
 
     @property
     def entries(self) -> tuple[str, ...]:
@@ -241,7 +245,8 @@ def seed_secret(world: World, how: str) -> dict[str, Any]:
             "data": {"token": base64.b64encode(b"not-ours").decode()},
         }
     else:
-        body = connection_secret.build(resource, data)
+        written = obj.password if isinstance(cloud, FakePasswordCloud) else None
+        body = connection_secret.build(resource, data, written if how != "no-password" else None)
         if how == "edited":
             body["data"]["host"] = base64.b64encode(b"edited.example").decode()
     return copy.deepcopy(world.kube.put_secret(NS, body))
@@ -277,10 +282,18 @@ def build_world(case: Case) -> World:
         kept = [c for c in status.get("conditions", []) if c["type"] != extra["type"]]
         status["conditions"] = [*kept, extra]
     for key, value in case.status_fields.items():
-        status[key] = resource.external_name if value == EXTERNAL_NAME else value
+        status[key] = {
+            EXTERNAL_NAME: resource.external_name,
+            CREATE_TOKEN: create_token(resource),
+        }.get(value, value)
     body["status"] = status
     kube.resources[(case.kind, NS, NAME)] = body
 
+    if case.namespace_terminating:
+        kube.namespaces[NS] = {
+            "metadata": {"name": NS, "deletionTimestamp": "2030-01-01T00:00:00Z"},
+            "status": {"phase": "Terminating"},
+        }
     if case.cloud is not None:
         seed = dict(case.cloud)
         if case.kind == "DatabaseInstance":
@@ -384,7 +397,18 @@ def name_recorded_before_create(world: World) -> None:
     create = ("cloud", "create", world.name)
     assert patch in world.journal and create in world.journal
     assert world.journal.index(patch) < world.journal.index(create)
-    assert world.kube.status_patches == [("S3Bucket", NAME, {"externalName": world.name})]
+    token = create_token(world.resource)
+    assert world.kube.status_patches == [
+        ("S3Bucket", NAME, {"externalName": world.name, "createToken": token})
+    ]
+
+
+def no_uid_shown(world: World, uid: str) -> None:
+    """Another owner's uid appears nowhere a tenant reads."""
+    shown = json.dumps(
+        [world.kube.status_patches, world.patches, world.status, world.events], default=str
+    )
+    assert uid not in shown
 
 
 def no_status_write_before_create(world: World) -> None:
@@ -551,7 +575,8 @@ CASES = [
                 cond.SYNCED: (False, "NameConflict"),
             },
             events=[w("Unavailable"), w("NameConflict")],
-            message_has={cond.SYNCED: "owned by someone-else"},
+            message_has={cond.SYNCED: "owned by another resource"},
+            check=lambda world: no_uid_shown(world, "someone-else"),
         ),
         cloud={"owner": "other"},
     ),
@@ -582,13 +607,25 @@ CASES = [
     ),
     case(
         "s3-untagged-own-bucket",
-        "An untagged bucket whose name our status recorded is our interrupted create: tag it.",
+        "An untagged bucket whose create our status recorded is our interrupted create: tag it.",
         Expect(
             conditions={cond.READY: READY, cond.SYNCED: SYNCED},
             writes=["update"],
             update_fields=[["tags"]],
             events=[n("Updated"), n("Available")],
             secret_writes=["create"],
+        ),
+        kind="S3Bucket",
+        cloud={"owner": "none"},
+        status_fields={"externalName": EXTERNAL_NAME, "createToken": CREATE_TOKEN},
+    ),
+    case(
+        "s3-name-in-status-is-no-proof",
+        "status.externalName alone (failure paths write it too) never makes a bucket ours.",
+        Expect(
+            conditions={cond.SYNCED: (False, cond.NAME_CONFLICT)},
+            events=[w("Unavailable"), w("NameConflict")],
+            message_has={cond.SYNCED: "not created by this operator"},
         ),
         kind="S3Bucket",
         cloud={"owner": "none"},
@@ -618,7 +655,31 @@ CASES = [
         spec={"queueName": "legacy-orders"},
         annotations={**ADOPT, **REPORT},
         last_handled=SAME,
-        cloud={"owner": "none", **DRIFTED_VIS},
+        cloud={"owner": "none", **DRIFTED_VIS, "tags": {ADOPTABLE_BY_TAG: NS}},
+    ),
+    case(
+        "adopt-needs-the-owners-consent",
+        "The adopt annotation alone never takes over an untagged resource: its owner must "
+        "have tagged it adoptable by this namespace.",
+        Expect(
+            conditions={cond.SYNCED: (False, cond.NAME_CONFLICT)},
+            events=[w("Unavailable"), w("NameConflict")],
+            message_has={cond.SYNCED: f"{ADOPTABLE_BY_TAG}={NS}"},
+        ),
+        spec={"queueName": "legacy-orders"},
+        annotations=ADOPT,
+        cloud={"owner": "none"},
+    ),
+    case(
+        "adopt-consent-for-another-namespace",
+        "A resource its owner allowed another namespace to adopt is refused here.",
+        Expect(
+            conditions={cond.SYNCED: (False, cond.NAME_CONFLICT)},
+            events=[w("Unavailable"), w("NameConflict")],
+        ),
+        spec={"queueName": "legacy-orders"},
+        annotations=ADOPT,
+        cloud={"owner": "none", "tags": {ADOPTABLE_BY_TAG: "team-b"}},
     ),
     case(
         "adopt-refuses-other-owner",
@@ -1431,7 +1492,7 @@ CASES = [
         Expect(writes=["delete"], events=[n("Deleted")], release=True),
         kind="S3Bucket",
         cloud={"owner": "none"},
-        status_fields={"externalName": EXTERNAL_NAME},
+        status_fields={"externalName": EXTERNAL_NAME, "createToken": CREATE_TOKEN},
         entry="finalize",
     ),
     case(
@@ -1483,6 +1544,21 @@ CASES = [
         **SETTLED_QUEUE,
         annotations=PAUSE,
         entry="finalize",
+    ),
+    case(
+        "delete-paused-namespace-deleted",
+        "A paused CR in a namespace being deleted is deleted by its policy: the namespace (and "
+        "a CloudAccount waiting for its resources) never hangs on it.",
+        Expect(
+            writes=["delete"],
+            events=[w("PauseOverridden"), n("Deleted")],
+            secret_writes=["delete"],
+            release=True,
+        ),
+        **SETTLED_QUEUE,
+        annotations=PAUSE,
+        entry="finalize",
+        namespace_terminating=True,
     ),
 ]
 
