@@ -15,13 +15,14 @@ Everything here is cluster-scoped and named after the release `provisioner-dev`,
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import yaml
 
-from provisioner_dev.binaries import REPO_ROOT, ensure_helm
+from provisioner_dev.binaries import REPO_ROOT, cached_helm, ensure_helm
 from provisioner_dev.processes import wait_until
 from provisioner_dev.stack import DEV_CREDENTIALS, DEV_REGION, kubectl, run_kubectl
 
@@ -50,9 +51,19 @@ def served(kubeconfig: str | Path) -> set[str]:
     return {r["name"] for r in json.loads(found.stdout).get("resources", [])}
 
 
+def helm() -> Path | None:
+    """helm, built on demand; with $KUBEBUILDER_ASSETS (nothing is built) only a cached one."""
+    if os.environ.get("KUBEBUILDER_ASSETS"):
+        return cached_helm()
+    return ensure_helm()
+
+
 def render(*templates: str, api_versions: tuple[str, ...] = ()) -> str:
     """The chart's templates for the release `provisioner-dev`, with its default values."""
-    args = [str(ensure_helm()), "template", RELEASE, str(CHART)]
+    binary = helm()
+    if binary is None:
+        raise RuntimeError("helm is not built")
+    args = [str(binary), "template", RELEASE, str(CHART)]
     args += ["--namespace", RELEASE_NAMESPACE]
     for version in api_versions:
         args += ["--api-versions", version]
@@ -68,6 +79,14 @@ def install(kubeconfig: str | Path, state: dict) -> None:
     """Apply the chart's policies and roles that the API server can serve, recorded in
     `state["admission"]` first (so that a failure halfway is still taken out again); wait
     until the API server enforces requested-by."""
+    state["admission"] = {"objects": [], "verified": False, "stamped": False}
+    if helm() is None:
+        _note(
+            "helm is not built (KUBEBUILDER_ASSETS: nothing is built here; `provisioner dev "
+            "build` builds it): the chart's admission policies and roles are not applied, "
+            f"{REQUESTED_BY} is not checked and the operator names no requester"
+        )
+        return
     have = served(kubeconfig)
     templates = list(TEMPLATES)
     if "validatingadmissionpolicies" not in have:
