@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -52,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.lib import log  # noqa: E402
+from bench.lib import log, stop_on_signals  # noqa: E402
 from bench.lib.measure import (  # noqa: E402
     WriteCounts,
     percentile,
@@ -885,10 +884,6 @@ def table(doc: dict[str, Any]) -> str:
 # -- the command -----------------------------------------------------------------------------------
 
 
-class Interrupted(KeyboardInterrupt):
-    """SIGTERM, handled like Ctrl-C."""
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="bench/ack.py",
@@ -988,11 +983,7 @@ def run_ours(stack: Stack, api: KubeJson, opts: argparse.Namespace) -> dict[str,
 def main(argv: list[str] | None = None) -> int:
     opts = parse_args(argv)
 
-    def on_term(signum: int, frame: Any) -> None:
-        raise Interrupted()
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    stop_on_signals()
     binary: Path | None = None
     crds: Path | None = None
     if opts.only != "ours":

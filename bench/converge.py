@@ -34,19 +34,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.lib import log  # noqa: E402
+from bench.lib import log, stop_on_signals  # noqa: E402
 from bench.lib.measure import source_fingerprint  # noqa: E402
 from bench.lib.profile import PySpy, profile_text, summarize_profile  # noqa: E402
 from bench.lib.report import figures, summary, table  # noqa: E402
@@ -62,10 +60,6 @@ from provisioner_dev.cloudprofile import (  # noqa: E402
 )
 from provisioner_dev.kubejson import KubeJson  # noqa: E402
 from provisioner_dev.launch import Stack  # noqa: E402
-
-
-class Interrupted(KeyboardInterrupt):
-    """SIGTERM, handled like Ctrl-C."""
 
 
 def parse_args(argv: list[str] | None) -> Options:
@@ -193,12 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     counts = split_mix(opts.n, opts.mix)
     cloud = parse_cloud_profile(opts.cloud_profile, opts.time_scale, opts.duration, opts.throttle)
 
-    def on_term(signum: int, frame: Any) -> None:
-        raise Interrupted()
-
-    signal.signal(signal.SIGTERM, on_term)
-    # Ctrl-C even where SIGINT was ignored at start (e.g. a background job of a script).
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    stop_on_signals()
     if opts.workdir:
         workdir = opts.workdir.resolve()
         workdir.mkdir(parents=True, exist_ok=True)

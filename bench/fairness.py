@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import sys
 import tempfile
@@ -43,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.lib import Failure, log  # noqa: E402
+from bench.lib import Failure, log, stop_on_signals  # noqa: E402
 from bench.lib.measure import operator_pid, proc_status_kib, watching  # noqa: E402
 from bench.lib.workload import ready_condition  # noqa: E402
 from provisioner import API_VERSION  # noqa: E402
@@ -53,10 +52,6 @@ from provisioner_dev.samples import SAMPLES  # noqa: E402
 
 FLOOD, LONE = "fair-flood", "fair-lone"
 QUEUES = f"/apis/{API_VERSION}/queues"
-
-
-class Interrupted(KeyboardInterrupt):
-    """SIGTERM, handled like Ctrl-C."""
 
 
 class ReadyWatch:
@@ -312,11 +307,7 @@ def measure(opts: argparse.Namespace, stack: Stack) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     opts = parse_args(argv)
 
-    def on_term(signum: int, frame: Any) -> None:
-        raise Interrupted()
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    stop_on_signals()
     workdir = (opts.workdir or Path(tempfile.mkdtemp(prefix="provisioner-fairness-"))).resolve()
     stack = Stack(dir=workdir)
     code = 1

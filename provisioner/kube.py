@@ -168,6 +168,9 @@ class Kube:
         base = f"{cls._namespace_path(namespace)}/secrets"
         return base if name is None else f"{base}/{segment(name, 'Secret name')}"
 
+    def get_namespace(self, namespace: str) -> dict[str, Any] | None:
+        return self.request("GET", self._namespace_path(namespace))
+
     def get_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.request("GET", self._secret_path(namespace, name))
 

@@ -50,7 +50,8 @@ from provisioner.kinds import KINDS
 from provisioner.kube import Kube, KubeError
 from provisioner.leaks import custom_resources
 from provisioner.models import Resource
-from provisioner.reconcile import Event, Reconciler, Result
+from provisioner.outcome import Event, Result
+from provisioner.reconcile import Reconciler
 from provisioner.resync import ResyncScheduler
 
 log = logging.getLogger(__name__)

@@ -28,19 +28,17 @@ import random
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import partial
 from typing import Any, TypeVar
-from urllib.parse import quote
 
-from provisioner import annotation_keys, connection_secret, kinds, naming
+from provisioner import annotation_keys, connection_secret, kinds, ownership
 from provisioner import conditions as cond
 from provisioner.access import Access
 from provisioner.accounts import AccountRefused, Directory, pinned
 from provisioner.cloud import errors
 from provisioner.cloud.base import (
-    ADOPTABLE_BY_TAG,
     BatchObserver,
     BatchTagReader,
     ExternalClient,
@@ -51,49 +49,30 @@ from provisioner.cloud.base import (
 from provisioner.cloud.turns import CALLER
 from provisioner.config import Settings
 from provisioner.crashpoints import crashpoint
+from provisioner.failures import failure
 from provisioner.fair_slots import ContextThreadPool, FairSlots
-from provisioner.kube import InvalidName, Kube, KubeError, valid_name
+from provisioner.kube import Kube, KubeError, valid_name
 from provisioner.models import Dependency, Resource
+from provisioner.outcome import (
+    CREDENTIALS_RETRY_CAP,
+    RETRY_CAP,
+    WAIT_BASE,
+    WAIT_CAP,
+    Event,
+    Result,
+    backoff,
+    event_reference,
+    where,
+)
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
-# Requeue delays (seconds): the first retry is quick, then it doubles up to the cap.
-RETRY_BASE = 1.0
-RETRY_CAP = 60.0
-CREDENTIALS_RETRY_CAP = 300.0
-WAIT_BASE = 2.0
-WAIT_CAP = 30.0
 # How long a batched describe's answer may stand in for a resync pass's own observation.
 PREFETCH_TTL = 30.0
 # Set inside a periodic look (a resync pass and its batched describe): its blocking calls
 # run on the looks' own threads (`Reconciler.in_thread`).
 LOOKING: contextvars.ContextVar[bool] = contextvars.ContextVar("looking", default=False)
-
-
-def event_reference(body: Mapping[str, Any]) -> dict[str, Any]:
-    """What an Event needs of the object it is about (its kind, name and uid), not the
-    body: an Event waits for its post, and a backlog of them (a burst of thousands of
-    creates against a slow API server) would otherwise hold as many whole bodies."""
-    meta = body.get("metadata") or {}
-    reference: dict[str, Any] = {k: body[k] for k in ("apiVersion", "kind") if k in body}
-    reference["metadata"] = {k: meta[k] for k in ("name", "namespace", "uid") if k in meta}
-    return reference
-
-
-def backoff(retry: int, base: float = RETRY_BASE, cap: float = RETRY_CAP) -> float:
-    """Exponential backoff with +-20% jitter so that many resources spread out."""
-    delay: float = min(cap, base * (2 ** min(retry, 16)))
-    return round(delay * random.uniform(0.8, 1.2), 2)
-
-
-def _where(account: str) -> str:
-    return f"CloudAccount {account}" if account else "the operator's own account"
-
-
-def _at(delay: float) -> str:
-    """The wall-clock time `delay` seconds from now, as people read it in a message."""
-    return (datetime.now(UTC) + timedelta(seconds=delay)).strftime("%H:%M:%S UTC")
 
 
 @dataclass(frozen=True)
@@ -160,24 +139,6 @@ def _stamp(at: datetime) -> str:
     return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _owner(resource: Resource, obs: Observation) -> str:
-    """Whose the cloud resource is, as a message may say it: never another owner's uid."""
-    if obs.owner_uid:
-        return "owned by another resource"
-    if resource.adopt and resource.explicit_name:
-        return (
-            "not created by this operator, and its owner has not allowed this namespace to "
-            f"adopt it (the tag {ADOPTABLE_BY_TAG}={resource.namespace} on it does that)"
-        )
-    return "not created by this operator"
-
-
-def create_token(resource: Resource) -> str:
-    """What `status.createToken` holds once a create of this resource's cloud name began:
-    written right before a create call that cannot tag (S3), and nowhere else."""
-    return naming.uid_hash(f"{resource.uid}/{resource.external_name}", 16)
-
-
 def _shown(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, default=str)
 
@@ -191,36 +152,6 @@ def planned(resource: Resource, requested: Requested) -> Requested:
     fields = {str(c.get("field") or "") for c in plan["changes"]}
     tops = {"spec.tags" if f == "tags" else ".".join(f.split(".")[:2]) for f in fields if f}
     return Requested(requested.paths | frozenset(tops))
-
-
-@dataclass
-class Event:
-    type: str  # Normal | Warning
-    reason: str
-    message: str
-
-
-@dataclass
-class Result:
-    """What one pass decided: conditions, status fields, Events, and whether to come back."""
-
-    conditions: list[cond.Condition] = field(default_factory=list)
-    fields: dict[str, Any] = field(default_factory=dict)
-    events: list[Event] = field(default_factory=list)
-    requeue_after: float | None = None
-    # This pass dealt with the current generation, so status.observedGeneration moves to it.
-    # False for passes that did not look at the spec (paused, deletion, a repeat after a
-    # terminal error).
-    for_generation: bool = True
-    # Deletion is complete: the cloud resource is gone (or retained) and the finalizer may go.
-    release_finalizer: bool = False
-
-    @property
-    def retry_message(self) -> str:
-        for c in self.conditions:
-            if not c.status:
-                return f"{c.reason}: {c.message}"
-        return "requeued"
 
 
 class Reconciler:
@@ -568,31 +499,6 @@ class Reconciler:
         )
 
     @staticmethod
-    def _is_ours(resource: Resource, obs: Observation) -> bool:
-        if obs.owned_by(resource):
-            return True
-        if obs.owner_uid:
-            return False  # another owner's, whatever the annotations say
-        # No owner tag at all, but our own status recorded a create of this name before the
-        # call: an earlier create of ours was interrupted before its tags were written.
-        # (status.externalName is no proof: failure paths write it too.)
-        if resource.status.get("createToken") == create_token(resource):
-            return True
-        return Reconciler._adopting(resource, obs)
-
-    @staticmethod
-    def _adopting(resource: Resource, obs: Observation) -> bool:
-        """Asked to take over an untagged resource named explicitly in the spec, which its
-        owner allowed this namespace to adopt (the `adoptable-by` tag)."""
-        return bool(
-            obs.exists
-            and not obs.owner_uid
-            and resource.adopt
-            and resource.explicit_name
-            and obs.adoptable_by == resource.namespace
-        )
-
-    @staticmethod
     def terminal_for_generation(resource: Resource) -> bool:
         synced = cond.find(resource.status.get("conditions"), cond.SYNCED)
         return bool(
@@ -741,12 +647,12 @@ class Reconciler:
         if action == "Blocked":
             return (
                 action,
-                f"{name} exists in the cloud and is {_owner(resource, obs)}: "
+                f"{name} exists in the cloud and is {ownership.owner(resource, obs)}: "
                 "it would be left untouched",
             )
         if action == "Create":
-            where = _where(resource.account.name if resource.account else "")
-            return action, f"create {kind} {name} in {where}, {resource.region}"
+            place = where(resource.account.name if resource.account else "")
+            return action, f"create {kind} {name} in {place}, {resource.region}"
         if action == "None":
             return action, f"{name} matches the spec: nothing to do"
         changes += [
@@ -760,7 +666,7 @@ class Reconciler:
 
     def _action(self, resource: Resource, obs: Observation) -> str:
         """What a pass does with what it observed: Blocked, Create, Update or None."""
-        if obs.exists and not self._is_ours(resource, obs):
+        if obs.exists and not ownership.is_ours(resource, obs):
             return "Blocked"
         if not obs.exists:
             return "Create"
@@ -892,7 +798,7 @@ class Reconciler:
                 resource = await self._place(resource)
                 result = await self._sync(resource, retry, requested, events, resync=resync)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a condition
-            result = self._failure(resource, exc, retry)
+            result = failure(resource, exc, retry)
             result.events[:0] = events  # what the pass did before it failed still happened
         self._expiry(resource, result)
         synced = next((c for c in result.conditions if c.type == cond.SYNCED), None)
@@ -1022,7 +928,7 @@ class Reconciler:
                 result = Result(release_finalizer=True, for_generation=False)
                 result.events.append(Event("Normal", "Deleted", f"nothing to delete: {exc}"))
             except Exception as exc:  # noqa: BLE001
-                result = self._failure(resource, exc, retry, deleting=True)
+                result = failure(resource, exc, retry, deleting=True)
         if result.release_finalizer:
             self.forget(resource.uid)
         return result, resource
@@ -1052,8 +958,8 @@ class Reconciler:
         obs = await self._observe(client, resource, resync)
         if resource.status.get("plan"):
             self._against_plan(resource, obs, events)
-        if obs.exists and not self._is_ours(resource, obs):
-            return self._name_conflict(resource, obs)
+        if obs.exists and not ownership.is_ours(resource, obs):
+            return ownership.name_conflict(resource, obs)
         if not obs.exists:
             obs = await self._create(resource, client, resync, events)
             if not obs.exists:
@@ -1092,7 +998,7 @@ class Reconciler:
                 raise AccountRefused(
                     cond.INVALID_SPEC,
                     f"{dependency.role} {dependency.name} lives in "
-                    f"{_where(account)}, this resource in {_where(mine)}: "
+                    f"{where(account)}, this resource in {where(mine)}: "
                     "both must be in one account",
                 )
             resolved[dependency.key] = arn
@@ -1103,7 +1009,7 @@ class Reconciler:
     ) -> Observation:
         """Create the cloud resource (safe to repeat after a crash) and observe it again."""
         name = resource.external_name
-        token = create_token(resource)
+        token = ownership.create_token(resource)
         unnamed = not client.tags_on_create and resource.status.get("createToken") != token
         # Pinned before the call once the cluster has CloudAccounts at all: a cluster without
         # any pays no extra write per create (its resources can only live in one account).
@@ -1141,7 +1047,7 @@ class Reconciler:
             # An earlier attempt may have succeeded with its answer lost on the way
             # back: "already exists" is ours if the tags say so.
             obs = await self._observe(client, resource)
-            if not (obs.exists and self._is_ours(resource, obs)):
+            if not (obs.exists and ownership.is_ours(resource, obs)):
                 raise
         crashpoint("after-create")
         events.append(Event("Normal", "Created", f"created {resource.kind} {name}"))
@@ -1163,7 +1069,7 @@ class Reconciler:
     ) -> Observation:
         """Write the requested changes and correct drift (or only report it); observe again."""
         name = resource.external_name
-        if self._adopting(resource, obs):
+        if ownership.adopting(resource, obs):
             # Taking over: the spec wins on every field, and that is no drift.
             events.append(Event("Normal", "Adopted", f"took over existing {name}"))
             requested = EVERYTHING_REQUESTED
@@ -1406,24 +1312,12 @@ class Reconciler:
             return None
         return str(status["arn"]), str(status.get("account") or "")
 
-    def _name_conflict(self, resource: Resource, obs: Observation) -> Result:
-        message = (
-            f"{resource.external_name} already exists in the cloud and is {_owner(resource, obs)}; "
-            "it is left untouched: choose another name"
-        )
-        return Result(
-            conditions=[
-                cond.Condition(cond.READY, False, cond.UNAVAILABLE, "the cloud name is taken"),
-                cond.Condition(cond.SYNCED, False, cond.NAME_CONFLICT, message),
-            ],
-        )
-
     def _namespace_terminating(self, namespace: str) -> bool:
         """Whether the namespace is being deleted: a paused resource in it is deleted then,
         so that the namespace (and a CloudAccount waiting for its resources) can go. False
         where the operator may not read namespaces."""
         try:
-            found = self.kube.request("GET", f"/api/v1/namespaces/{quote(namespace, safe='')}")
+            found = self.kube.get_namespace(namespace)
         except KubeError:
             return False
         meta, status = (found or {}).get("metadata") or {}, (found or {}).get("status") or {}
@@ -1475,7 +1369,7 @@ class Reconciler:
             return await self._retain(resource, done)
         client = self.clients[resource.kind]
         obs = await self.in_thread(client.observe, resource)
-        if obs.exists and not self._is_ours(resource, obs):
+        if obs.exists and not ownership.is_ours(resource, obs):
             await self._delete_secret(resource)
             done.events.append(
                 Event(
@@ -1537,114 +1431,3 @@ class Reconciler:
                 resource.secret_name,
                 existing["metadata"]["uid"],
             )
-
-    @staticmethod
-    def _account_failure(
-        resource: Resource,
-        exc: AccountRefused | errors.AccountUnavailableError,
-        retry: int,
-        deleting: bool,
-    ) -> Result:
-        """Refused before any cloud call, or AssumeRole failed. Looked at again when its
-        CloudAccount or namespace changes; meanwhile retried with a slow backoff."""
-        if isinstance(exc, AccountRefused):
-            reason, message = exc.reason, exc.message
-        else:
-            reason, message = cond.ACCOUNT_UNAVAILABLE, str(exc)
-        conditions = [cond.Condition(cond.SYNCED, False, reason, message)]
-        if deleting:
-            conditions.insert(0, cond.Condition(cond.READY, False, cond.DELETING, message))
-        elif not cond.find(resource.status.get("conditions"), cond.READY):
-            conditions.insert(0, cond.Condition(cond.READY, False, reason, message))
-        if reason == cond.INVALID_SPEC and not deleting:
-            return Result(conditions=conditions)  # a new generation is the only way out
-        cap = RETRY_CAP if reason == cond.ACCOUNT_UNAVAILABLE else CREDENTIALS_RETRY_CAP
-        return Result(
-            conditions=conditions,
-            requeue_after=backoff(retry, cap=cap),
-            for_generation=not deleting,
-        )
-
-    def _failure(
-        self, resource: Resource, exc: Exception, retry: int, deleting: bool = False
-    ) -> Result:
-        """Map a failure to conditions and a requeue; the message never holds a secret value."""
-        if isinstance(exc, AccountRefused | errors.AccountUnavailableError):
-            return self._account_failure(resource, exc, retry, deleting)
-        if isinstance(exc, InvalidName):
-            # A name no Kubernetes object can have (one written at v1alpha1 before v1beta1's
-            # rules were applied to it): nothing was requested with it.
-            return Result(
-                conditions=[
-                    cond.Condition(
-                        cond.READY,
-                        False,
-                        cond.DELETING if deleting else cond.UNAVAILABLE,
-                        exc.message,
-                    ),
-                    cond.Condition(cond.SYNCED, False, cond.INVALID_SPEC, exc.message),
-                ],
-                requeue_after=backoff(retry, cap=CREDENTIALS_RETRY_CAP) if deleting else None,
-                for_generation=not deleting,
-            )
-        if isinstance(exc, errors.TerminalError):
-            message = (
-                str(exc)
-                if isinstance(exc, errors.NotSupportedError)
-                else f"the cloud refused the spec: {exc}"
-            )
-            return Result(
-                conditions=[
-                    cond.Condition(
-                        cond.READY, False, cond.DELETING if deleting else cond.UNAVAILABLE, message
-                    ),
-                    cond.Condition(cond.SYNCED, False, cond.INVALID_SPEC, message),
-                ],
-                # The name the cloud was asked for, so that kubectl shows what was refused.
-                fields={} if deleting else {"externalName": resource.external_name},
-                # During deletion there is no spec change to wait for: keep retrying slowly.
-                requeue_after=backoff(retry, cap=CREDENTIALS_RETRY_CAP) if deleting else None,
-                for_generation=not deleting,
-            )
-        if isinstance(exc, errors.ConflictError):
-            return Result(
-                conditions=[
-                    cond.Condition(cond.READY, False, cond.UNAVAILABLE, "the cloud name is taken"),
-                    cond.Condition(cond.SYNCED, False, cond.NAME_CONFLICT, str(exc)),
-                ],
-                requeue_after=backoff(retry) if deleting else None,
-            )
-        if isinstance(exc, errors.NameHeldError) and not deleting:
-            delay = backoff(retry, WAIT_BASE, WAIT_CAP)
-            message = (
-                f"AWS still holds the name {resource.external_name} after a recent deletion "
-                f"({exc}); trying again in {delay:.0f} s, at about {_at(delay)}"
-            )
-            return Result(
-                conditions=[
-                    cond.Condition(cond.READY, False, cond.CREATING, message),
-                    cond.Condition(cond.SYNCED, True, cond.RECONCILE_SUCCESS),
-                ],
-                fields={"externalName": resource.external_name},
-                requeue_after=delay,
-            )
-        delay = backoff(retry)
-        if isinstance(exc, errors.RetryLaterError):
-            delay = exc.retry_after
-            message = f"{exc}; trying again in {delay:.0f} s, at about {_at(delay)}"
-        elif isinstance(exc, connection_secret.SecretConflict):
-            message = str(exc)
-        elif isinstance(exc, errors.CredentialsError):
-            message = str(exc)
-            delay = backoff(retry, cap=CREDENTIALS_RETRY_CAP)
-        elif isinstance(exc, errors.CloudError):
-            message = f"cloud call failed, will retry: {exc}"
-        elif isinstance(exc, KubeError):
-            message = f"Kubernetes API call failed, will retry: {exc}"
-        else:
-            log.exception("unexpected error reconciling %s %s", resource.kind, resource.ref)
-            message = f"unexpected error, will retry: {type(exc).__name__}"
-        conditions = [cond.Condition(cond.SYNCED, False, cond.RECONCILE_ERROR, message)]
-        if deleting:
-            conditions.insert(0, cond.Condition(cond.READY, False, cond.DELETING, message))
-        return Result(conditions=conditions, requeue_after=delay, for_generation=not deleting)

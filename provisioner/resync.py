@@ -40,7 +40,8 @@ from provisioner import metrics
 from provisioner.cloud.base import BatchObserver, BatchTagReader
 from provisioner.config import Settings
 from provisioner.models import Resource
-from provisioner.reconcile import Reconciler, Result
+from provisioner.outcome import Result
+from provisioner.reconcile import Reconciler
 
 log = logging.getLogger(__name__)
 PEERING_GROUP = "kopf.dev/v1"

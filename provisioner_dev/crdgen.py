@@ -25,26 +25,15 @@ import argparse
 import sys
 from pathlib import Path
 
+from provisioner import v1beta1_rules
+
 ROOT = Path(__file__).resolve().parents[1]
 CRD_DIR = ROOT / "crds"
 OLD, NEW = "v1alpha1", "v1beta1"
 
-# The values a Secret template (spec.connectionSecret.keys) may name, per kind.
-VALUES: dict[str, tuple[str, ...]] = {
-    "DatabaseInstance": (
-        "host",
-        "port",
-        "username",
-        "password",
-        "database",
-        "engine",
-        "arn",
-        "uri",
-    ),
-    "S3Bucket": ("bucket", "region", "arn", "endpoint"),
-    "Queue": ("queueUrl", "queueArn", "queueName", "region"),
-    "Topic": ("topicArn", "topicName", "region"),
-}
+# The values a Secret template (spec.connectionSecret.keys) may name, per kind: the table
+# the conversion checks them against.
+VALUES = v1beta1_rules.VALUES
 FILES = {
     "DatabaseInstance": "databaseinstances.yaml",
     "S3Bucket": "s3buckets.yaml",

@@ -12,8 +12,10 @@ report    the summary, the table (declared row by row) and the profile text
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
+from typing import Any
 
 
 def log(message: str) -> None:
@@ -22,3 +24,18 @@ def log(message: str) -> None:
 
 class Failure(Exception):
     """The benchmark cannot go on (reported, and the stack stopped)."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C."""
+
+
+def stop_on_signals() -> None:
+    """SIGTERM raises Interrupted; Ctrl-C works even where SIGINT was ignored at start (a
+    background job of a script): both stop the bench the way Ctrl-C does."""
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise Interrupted()
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -180,7 +180,10 @@ def upgraded(tmp_path: Path) -> Iterator[Upgraded]:
 def upgrade(stack: Stack) -> Upgraded:
     kube = Kubectl(stack.kubeconfig)
     # The previous release's CRDs instead of the ones the stack applied (no object yet).
-    kube.kubectl("delete", "crd", *CRDS, timeout=120)
+    # The API server's CRD finalizer empties each one first: on a busy machine that takes
+    # longer than one kubectl call waits by default.
+    kube.kubectl("delete", "crd", *CRDS, "--wait=false")
+    kube.kubectl("wait", "--for=delete", "--timeout=300s", "crd", *CRDS, timeout=320)
     previous = yaml.safe_dump_all(previous_release_crds())
     kube.kubectl("apply", "--server-side", "-f", "-", input=previous)
     kube.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", *CRDS)

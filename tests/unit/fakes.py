@@ -309,15 +309,12 @@ class FakeKube:
         self.status_patches: list[tuple[str, str, dict[str, Any]]] = []
         self.script = Script()
         self._uids = 0
-        # Namespaces by name (GET through `request`); absent: 404.
+        # Namespaces by name (`get_namespace`); absent: 404 (None).
         self.namespaces: dict[str, dict[str, Any]] = {}
 
-    def request(self, method: str, path: str, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
-        prefix = "/api/v1/namespaces/"
-        if method != "GET" or not path.startswith(prefix) or "/" in path[len(prefix) :]:
-            raise AssertionError(f"unexpected request {method} {path}")
-        self._record("get_namespace", path[len(prefix) :])
-        return copy.deepcopy(self.namespaces.get(path[len(prefix) :]))
+    def get_namespace(self, namespace: str) -> dict[str, Any] | None:
+        self._record("get_namespace", namespace)
+        return copy.deepcopy(self.namespaces.get(namespace))
 
     def _record(self, method: str, name: str) -> None:
         self.journal.append(("kube", method, name))

@@ -12,7 +12,8 @@ from typing import Any
 
 from provisioner import kinds
 from provisioner.config import Settings
-from provisioner.reconcile import Event, Reconciler, Result, event_reference
+from provisioner.outcome import Event, Result, event_reference
+from provisioner.reconcile import Reconciler
 from provisioner.resync import ResyncScheduler
 
 REGION = "us-east-1"

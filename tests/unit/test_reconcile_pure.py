@@ -10,9 +10,10 @@ import time
 import pytest
 
 from provisioner import conditions as cond
-from provisioner import kinds, reconcile
+from provisioner import kinds, outcome, reconcile
 from provisioner.config import Settings
-from provisioner.reconcile import Reconciler, backoff
+from provisioner.outcome import backoff
+from provisioner.reconcile import Reconciler
 from provisioner.resync import ResyncScheduler
 
 UID = "6f1c2a4e-0d2b-4c1e-9a7f-3b5d8e9f0a1b"
@@ -33,8 +34,8 @@ def test_backoff_doubles_then_caps(no_jitter):
 
 def test_backoff_uses_base_and_cap(no_jitter):
     assert [backoff(r, 2.0, 30.0) for r in range(6)] == [2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
-    assert backoff(0) == reconcile.RETRY_BASE
-    assert backoff(100) == reconcile.RETRY_CAP
+    assert backoff(0) == outcome.RETRY_BASE
+    assert backoff(100) == outcome.RETRY_CAP
 
 
 def test_backoff_huge_retry_does_not_overflow(no_jitter):
@@ -233,11 +234,11 @@ def test_terminal_and_settled_are_exclusive():
 
 
 def test_result_retry_message():
-    result = reconcile.Result(
+    result = outcome.Result(
         conditions=[
             cond.Condition(cond.READY, True, cond.AVAILABLE, "ok"),
             cond.Condition(cond.SYNCED, False, cond.RECONCILE_ERROR, "boom"),
         ]
     )
     assert result.retry_message == "ReconcileError: boom"
-    assert reconcile.Result().retry_message == "requeued"
+    assert outcome.Result().retry_message == "requeued"

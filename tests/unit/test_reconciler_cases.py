@@ -30,7 +30,9 @@ from provisioner.cloud.base import ADOPTABLE_BY_TAG
 from provisioner.config import Settings
 from provisioner.kube import KubeError
 from provisioner.models import Resource
-from provisioner.reconcile import Event, Reconciler, Result, create_token
+from provisioner.outcome import Event, Result
+from provisioner.ownership import create_token
+from provisioner.reconcile import Reconciler
 from tests.unit.fakes import CloudObject, FakeCloud, FakeKube, FakePasswordCloud, Journal
 
 NS, NAME, UID = "team-a", "orders", "6f1c2a4e-0d2b-4c1e-9a7f-3b5d8e9f0a1b"
