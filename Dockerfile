@@ -10,7 +10,7 @@
 
 # Any Debian bookworm with python3.11 (and python3-venv, useradd) will do.
 ARG BASE_IMAGE=python:3.11.17-slim-bookworm
-# The AWS services the operator calls (provisioner/cloud/botodata.py, SERVICES): botocore keeps
+# The AWS services the operator calls (provisioner/aws/botodata.py, SERVICES): botocore keeps
 # only their models.
 ARG AWS_SERVICES="eks iam rds resourcegroupstaggingapi s3 sns sqs sts"
 
@@ -33,15 +33,15 @@ RUN pip install --no-cache-dir -c constraints.txt . \
 # service (~25 MB compressed); the operator calls only rds, s3, sqs, sns, iam, eks (pod
 # identity), sts and resourcegroupstaggingapi (batched tag reads), so the others are dropped
 # (checked by creating those clients, and by the operator's own sessions, which read its pruned
-# endpoint table and S3 model first: provisioner/cloud/botodata.py); pip and setuptools are not
+# endpoint table and S3 model first: provisioner/aws/botodata.py); pip and setuptools are not
 # needed to run.
 RUN site="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
     && for d in "$site"/botocore/data/*/; do \
          case " $AWS_SERVICES " in *" $(basename "$d") "*) ;; *) rm -rf "$d" ;; esac; \
        done \
-    && python -c 'import kopf, provisioner.cli, provisioner.operator' \
+    && python -c 'import kopf, provisioner.cli, provisioner.runtime.handlers' \
     && python -c 'import boto3, os; [boto3.client(s, region_name="us-east-1") for s in os.environ["AWS_SERVICES"].split()]' \
-    && python -c 'from provisioner.cloud import botodata; botodata.check()' \
+    && python -c 'from provisioner.aws import botodata; botodata.check()' \
     && python -m pip uninstall --yes --quiet pip setuptools
 
 
@@ -71,9 +71,9 @@ RUN rm -rf /usr/bin/perl* /usr/lib/x86_64-linux-gnu/perl* /usr/share/perl* \
                 "$lib"/tkinter "$lib"/turtledemo "$lib"/distutils "$lib"/sqlite3 \
                 "$lib"/lib-dynload/_sqlite3* "$lib"/lib-dynload/_tkinter*; \
        done \
-    && /opt/venv/bin/python -c 'import kopf, provisioner.cli, provisioner.operator' \
+    && /opt/venv/bin/python -c 'import kopf, provisioner.cli, provisioner.runtime.handlers' \
     && /opt/venv/bin/python -c 'import boto3, os; [boto3.client(s, region_name="us-east-1") for s in os.environ["AWS_SERVICES"].split()]' \
-    && /opt/venv/bin/python -c 'from provisioner.cloud import botodata; botodata.check()' \
+    && /opt/venv/bin/python -c 'from provisioner.aws import botodata; botodata.check()' \
     && mkdir -p /tmp && chmod 1777 /tmp
 
 

@@ -1,6 +1,6 @@
 """AWS calls of spec.access: per grant made, per steady pass (every resync), per revocation.
 
-The access code (provisioner/access.py) runs in process against a moto server of its own,
+The access code (provisioner/access/grants.py) runs in process against a moto server of its own,
 IRSA mode, with ServiceAccounts kept in memory; the AWS calls are counted by operation.
 
     .venv/bin/python bench/access.py --grants 20
@@ -22,11 +22,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from provisioner.access import Access  # noqa: E402
-from provisioner.cloud.aws import CALLS, AwsSettings  # noqa: E402
-from provisioner.cloud.iam import AccessSettings  # noqa: E402
-from provisioner.kinds import make_aws, parse  # noqa: E402
-from provisioner.models import Resource  # noqa: E402
+from provisioner.access.grants import Access  # noqa: E402
+from provisioner.access.iam import AccessSettings  # noqa: E402
+from provisioner.aws.session import CALLS, AwsSettings  # noqa: E402
+from provisioner.kinds.registry import make_aws, parse  # noqa: E402
+from provisioner.model.resource import Resource  # noqa: E402
 from provisioner_dev.serviceaccounts import MemoryServiceAccounts  # noqa: E402
 from provisioner_dev.stack import DEV_CREDENTIALS, DEV_REGION, MotoServer  # noqa: E402
 

@@ -36,8 +36,8 @@ from bench.lib.recording import overlapping, replica_turns  # noqa: E402
 from bench.lib.synced import SyncedWatch, describe  # noqa: E402
 from bench.lib.workload import ready_condition  # noqa: E402
 from provisioner import API_VERSION  # noqa: E402
-from provisioner.kinds import KINDS as REGISTERED  # noqa: E402
-from provisioner.sharding import SHARD_LABEL  # noqa: E402
+from provisioner.kinds.registry import KINDS as REGISTERED  # noqa: E402
+from provisioner.runtime.sharding import SHARD_LABEL  # noqa: E402
 from provisioner_dev.cloud import (  # noqa: E402
     DevCloud,
     by_owner,

@@ -2,7 +2,7 @@
 
 GROUP = "cloud.provisioner.dev"
 # The version the operator watches and writes (the storage version); v1alpha1 is served
-# beside it through the conversion webhook (provisioner/conversion.py).
+# beside it through the conversion webhook (provisioner/model/conversion.py).
 VERSION = "v1beta1"
 API_VERSION = f"{GROUP}/{VERSION}"
 # CloudAccount (cluster-scoped) has one version.

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 from provisioner import config
 
 if TYPE_CHECKING:
-    from provisioner.cloud.aws import AwsSettings
-    from provisioner.kube import Kube
+    from provisioner.aws.session import AwsSettings
+    from provisioner.kube.client import Kube
 
 
 def _fail(message: str) -> int:
@@ -44,8 +44,8 @@ def _limit_malloc_arenas(arenas: int = 2) -> None:
 
 def _aws_settings(settings: config.Settings) -> AwsSettings:
     """The cloud settings, or BudgetSpecError for a budget that does not parse."""
-    from provisioner.cloud.aws import AwsSettings
-    from provisioner.cloud.budget import BudgetSettings
+    from provisioner.aws.budget import BudgetSettings
+    from provisioner.aws.session import AwsSettings
 
     budget = BudgetSettings.from_spec(
         settings.aws_budget, settings.aws_budget_max_throttled_seconds
@@ -62,19 +62,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     _limit_malloc_arenas()
     # kopf looks for the official Kubernetes client when it is imported and, where one is
     # installed (a development virtualenv), loads all of it (~20 MB) to offer logins this
-    # operator never uses: it logs in itself (provisioner.kubelogin). The image has none.
+    # operator never uses: it logs in itself (provisioner.kube.login). The image has none.
     sys.modules.setdefault("kubernetes", None)  # type: ignore[arg-type]
     import kopf
 
-    from provisioner import footprint
-    from provisioner.access import Access
-    from provisioner.cloud.budget import BudgetSpecError
-    from provisioner.cloud.iam import AccessSettings
-    from provisioner.kinds import make_aws, make_clients
-    from provisioner.kube import Kube
-    from provisioner.operator import account_directory, event_poster, register
-    from provisioner.reconcile import Reconciler
-    from provisioner.webhook import CrdError
+    from provisioner.access.grants import Access
+    from provisioner.access.iam import AccessSettings
+    from provisioner.aws.budget import BudgetSpecError
+    from provisioner.kinds.registry import make_aws, make_clients
+    from provisioner.kube.client import Kube
+    from provisioner.reconciler.engine import Reconciler
+    from provisioner.runtime import footprint
+    from provisioner.runtime.handlers import account_directory, event_poster, register
+    from provisioner.webhook.server import CrdError
 
     settings = config.from_args(args)
     try:
@@ -116,7 +116,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         access_settings, settings.cluster_id, aws, kube, reconciler.in_thread
     )
     if settings.metrics_port:
-        from provisioner import metrics
+        from provisioner.runtime import metrics
 
         aws.sessions.listeners.append(
             lambda account, outcome: metrics.ASSUME_ROLE.labels(account, outcome).inc()
@@ -155,7 +155,7 @@ async def _with_webhook(
     settings: config.Settings, kube: Kube, operator: Coroutine[Any, Any, Any]
 ) -> None:
     """The CRDs checked, the conversion webhook serving (unless off), then the operator."""
-    from provisioner import webhook
+    from provisioner.webhook import server as webhook
 
     hook, upkeep = None, None
     try:
@@ -176,8 +176,8 @@ async def _with_webhook(
 def cmd_webhook(args: argparse.Namespace) -> int:
     """Only the conversion webhook: for a dev stack whose operator restarts, or a cluster
     that runs it apart from the operator."""
-    from provisioner import webhook
-    from provisioner.kube import Kube
+    from provisioner.kube.client import Kube
+    from provisioner.webhook import server as webhook
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     settings = config.from_args(args)
@@ -199,11 +199,11 @@ def cmd_webhook(args: argparse.Namespace) -> int:
 
 
 def cmd_leaks(args: argparse.Namespace) -> int:
-    from provisioner import leaks
-    from provisioner.cloud.budget import BudgetSpecError
-    from provisioner.cloud.errors import CloudError
-    from provisioner.kinds import make_aws
-    from provisioner.kube import Kube, KubeError
+    from provisioner.aws.budget import BudgetSpecError
+    from provisioner.aws.errors import CloudError
+    from provisioner.kinds.registry import make_aws
+    from provisioner.kube.client import Kube, KubeError
+    from provisioner.tools import leaks
 
     settings = config.from_args(args)
     try:
@@ -222,7 +222,7 @@ def cmd_leaks(args: argparse.Namespace) -> int:
 
 
 def cmd_migrate_storage(args: argparse.Namespace) -> int:
-    from provisioner import migrate
+    from provisioner.tools import migrate
 
     return migrate.main(args.kubeconfig, args.crd)
 

@@ -50,7 +50,7 @@ def region_list(value: str) -> tuple[str, ...]:
 class Settings:
     region: str = "us-east-1"
     # Regions spec.region may name besides those of botocore's endpoint table, `region` and
-    # the CloudAccounts' (provisioner/accounts.py): AWS regions newer than the pinned botocore.
+    # the CloudAccounts' (placement/accounts.py): AWS regions newer than the pinned botocore.
     extra_regions: tuple[str, ...] = ()
     endpoint_url: str | None = None
     cluster_id: str = "default"
@@ -69,7 +69,7 @@ class Settings:
     # 1; 0: no cap): another namespace's resources always find a slot free.
     namespace_max_passes: int | None = None
     # Client-side AWS call budget: overrides of the documented limits, e.g. "rds=300:12,s3=off"
-    # (provisioner/cloud/budget.py), and how long throttling is absorbed before a call fails.
+    # (provisioner/aws/budget.py), and how long throttling is absorbed before a call fails.
     aws_budget: str = ""
     aws_budget_max_throttled_seconds: float = 60.0
     # CloudAccounts: served (read, and resources placed in them) unless off; their status
@@ -77,14 +77,14 @@ class Settings:
     # so that of several namespaced operators none fights over a cluster-scoped object).
     accounts: bool = True
     manage_accounts: bool | None = None
-    # spec.access: off, irsa or pod-identity (provisioner/cloud/iam.py), and what each needs.
+    # spec.access: off, irsa or pod-identity (provisioner/access/iam.py), and what each needs.
     access: str = "off"
     # spec.ttl / spec.expiresAt: the Warning Event and condition Expiring come this long before
     # the deletion (or half the lifetime, when that is shorter).
     expiry_warning_seconds: float = 3600.0
     oidc_issuer: str = ""
     eks_cluster: str = ""
-    # The conversion webhook (provisioner/webhook.py): served by this process unless off
+    # The conversion webhook (provisioner/webhook/server.py): served by this process unless off
     # (then another process serves it: `provisioner webhook`).
     webhook: bool = True
     webhook_port: int = 9443
@@ -97,7 +97,7 @@ class Settings:
     # The operator's own namespace (the webhook's Secret lives there); "" : the
     # ServiceAccount's namespace in a cluster, else "default".
     namespace: str = ""
-    # Sharding (provisioner/sharding.py): replicas split the resources between them. The
+    # Sharding (provisioner/runtime/sharding.py): replicas split the resources between them. The
     # shard's name is this replica's (the pod's name); its Lease lives in `namespace`.
     sharding: bool = False
     shard_name: str = ""

@@ -1,6 +1,6 @@
-"""The pruned botocore data the operator ships (provisioner/cloud/botodata.py says why).
+"""The pruned botocore data the operator ships (provisioner/aws/botodata.py says why).
 
-Written from the installed (pinned) botocore's own files into provisioner/cloud/botocore_data/:
+Written from the installed (pinned) botocore's own files into provisioner/aws/botocore_data/:
 
 - `endpoints.json`: botocore's endpoint table, every partition with its regions and defaults,
   and of its services only those of botodata.SERVICES (by their endpoint prefix: the
@@ -26,7 +26,7 @@ from typing import Any
 
 import botocore.loaders
 
-from provisioner.cloud import botodata
+from provisioner.aws import botodata
 
 
 class BotocoreDataError(Exception):

@@ -16,10 +16,10 @@ import boto3
 import botocore.config
 
 from provisioner import ACCOUNTS_API_VERSION
-from provisioner.cloud.aws import classify
-from provisioner.cloud.base import OwnedResource
-from provisioner.kinds import ERROR_CODES
-from provisioner.leaks import cloud_resources
+from provisioner.aws.session import classify
+from provisioner.kinds.contract import OwnedResource
+from provisioner.kinds.registry import ERROR_CODES
+from provisioner.tools.leaks import cloud_resources
 from provisioner_dev.stack import DEV_CREDENTIALS, DEV_REGION
 
 T = TypeVar("T")

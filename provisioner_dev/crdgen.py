@@ -1,7 +1,7 @@
 """The v1beta1 version of the namespaced CRDs, derived from their v1alpha1 version.
 
 crds/{databaseinstances,s3buckets,queues,topics}.yaml serve two versions with one schema but
-for the fields v1beta1 changed (provisioner/conversion.py lists them):
+for the fields v1beta1 changed (provisioner/model/conversion.py lists them):
 
 - every kind: `spec.writeConnectionSecretToRef: {name}` became `spec.connectionSecret:
   {name, keys}`, with CEL rules that allow in the templates of `keys` only the kind's values;
@@ -25,7 +25,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from provisioner import v1beta1_rules
+from provisioner.model import v1beta1_rules
 
 ROOT = Path(__file__).resolve().parents[1]
 CRD_DIR = ROOT / "crds"

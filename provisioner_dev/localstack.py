@@ -16,7 +16,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from provisioner.kinds import KINDS
+from provisioner.kinds.registry import KINDS
 from provisioner_dev.binaries import cache_root
 from provisioner_dev.processes import LoopbackService, free_port
 

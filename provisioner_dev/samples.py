@@ -2,7 +2,7 @@
 
 Specs are spelled as v1beta1 (the version the tools write). Each sample has a spec that goes
 Ready on moto, a spec change and how to see that change in
-the cloud, and specs the API server refuses. A kind registered in `provisioner.kinds` without
+the cloud, and specs the API server refuses. A kind registered in `kinds.registry` without
 a sample here fails at import, so no tool silently leaves a new kind out.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from provisioner.kinds import KINDS
+from provisioner.kinds.registry import KINDS
 
 # (a DevCloud, the CR's status, the changed value) -> whether the cloud shows the change.
 Check = Callable[[Any, dict[str, Any], Any], bool]

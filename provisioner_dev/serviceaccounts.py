@@ -1,5 +1,5 @@
 """ServiceAccounts kept in memory, with the three calls an IRSA grant makes of the Kube client
-(provisioner/access.py): for running the grant code in process (its tests, bench/access.py)."""
+(provisioner.access.grants): for running the grant code in process (its tests, bench/access.py)."""
 
 from __future__ import annotations
 

@@ -79,7 +79,10 @@ AREAS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("event loop: kopf posting Events", ("kopf/_core/engines/posting", "clients/events")),
     ("event loop: kopf patching", ("kopf/_cogs/clients/patching",)),
     ("event loop: kopf daemons", ("kopf/_core/engines/daemons",)),
-    ("event loop: provisioner handlers", ("provisioner/operator.py", "provisioner/reconcile")),
+    (
+        "event loop: provisioner handlers",
+        ("provisioner/runtime/handlers.py", "provisioner/reconcile"),
+    ),
     ("event loop: kopf queueing, processing, diffs", ("kopf/",)),
     ("idle executor threads", ("concurrent/futures/thread.py",)),
 )

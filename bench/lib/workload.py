@@ -1,6 +1,6 @@
 """What the benchmark creates: one row per kind, the CRs, and the watch that follows them.
 
-Every registered kind (provisioner.kinds.KINDS) takes part, in the registry's order (its
+Every registered kind (provisioner.kinds.registry.KINDS) takes part, in the registry's order (its
 place in --mix); its spec, the spec change the change phase makes and how to see that change
 in the cloud come from its sample in provisioner_dev/samples.py.
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from provisioner import API_VERSION
-from provisioner.kinds import KINDS as REGISTERED
+from provisioner.kinds.registry import KINDS as REGISTERED
 from provisioner_dev.cloud import DevCloud
 from provisioner_dev.kubejson import KubeJson
 from provisioner_dev.samples import SAMPLES, Sample

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from provisioner import kinds
-from provisioner.cloud.aws import Aws, AwsSettings
-from provisioner.kinds import make_aws
-from provisioner.models import Resource
+from provisioner.aws.session import Aws, AwsSettings
+from provisioner.kinds import registry as kinds
+from provisioner.kinds.registry import make_aws
+from provisioner.model.resource import Resource
 
 START_DEADLINE_S = 30.0
 FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}

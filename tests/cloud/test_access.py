@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from provisioner import conditions as cond
-from provisioner import leaks
-from provisioner.access import Access
-from provisioner.cloud import iam
-from provisioner.cloud.assume import AccountRef
-from provisioner.cloud.iam import AccessSettings, Association, IamClient
+from provisioner.access import iam
+from provisioner.access.grants import Access
+from provisioner.access.iam import AccessSettings, Association, IamClient
+from provisioner.model import conditions as cond
+from provisioner.model.account import AccountRef
+from provisioner.tools import leaks
 from provisioner_dev.serviceaccounts import MemoryServiceAccounts
 from tests.cloud.conftest import build_resource
 from tests.unit.fakes import FakeKube

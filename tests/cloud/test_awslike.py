@@ -19,8 +19,8 @@ import botocore.config
 import botocore.exceptions
 import pytest
 
-from provisioner.cloud.aws import Aws, AwsSettings
-from provisioner.cloud.budget import BudgetSettings, Limit
+from provisioner.aws.budget import BudgetSettings, Limit
+from provisioner.aws.session import Aws, AwsSettings
 from provisioner_dev.awslike import AwsLikeProxy
 from provisioner_dev.cloud import create_role
 from tests.helpers import wait_for

@@ -5,9 +5,9 @@ from __future__ import annotations
 import botocore.exceptions
 import pytest
 
-from provisioner.cloud import errors
-from provisioner.cloud.aws import AwsSettings, classify
-from provisioner.kinds import ERROR_CODES, make_aws
+from provisioner.aws import errors
+from provisioner.aws.session import AwsSettings, classify
+from provisioner.kinds.registry import ERROR_CODES, make_aws
 
 
 def client_error(

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from provisioner import kinds
-from provisioner.cloud.aws import CALLS
-from provisioner.cloud.base import Observation
-from provisioner.cloud.sqs import DEAD_LETTER_ARN
+from provisioner.aws.session import CALLS
+from provisioner.kinds import registry as kinds
+from provisioner.kinds.contract import Observation
+from provisioner.kinds.sqs import DEAD_LETTER_ARN
 
 pytestmark = pytest.mark.cloud
 

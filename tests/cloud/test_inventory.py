@@ -6,9 +6,9 @@ import uuid
 
 import pytest
 
-from provisioner.kinds import KINDS
-from provisioner.leaks import cloud_resources
-from provisioner.models import CLUSTER_TAG, OWNER_UID_TAG
+from provisioner.kinds.registry import KINDS
+from provisioner.model.resource import CLUSTER_TAG, OWNER_UID_TAG
+from provisioner.tools.leaks import cloud_resources
 
 pytestmark = pytest.mark.cloud
 

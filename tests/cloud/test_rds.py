@@ -7,10 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from provisioner.cloud import errors
-from provisioner.cloud.aws import CALLS
-from provisioner.cloud.rds import RdsClient
-from provisioner.kinds import KINDS, make_clients
+from provisioner.aws import errors
+from provisioner.aws.session import CALLS
+from provisioner.kinds.rds import RdsClient
+from provisioner.kinds.registry import KINDS, make_clients
 
 pytestmark = pytest.mark.cloud
 

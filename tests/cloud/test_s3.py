@@ -7,11 +7,11 @@ from dataclasses import replace
 import boto3
 import pytest
 
-from provisioner.cloud import errors
-from provisioner.cloud import s3 as s3_module
-from provisioner.cloud.aws import CALLS
-from provisioner.cloud.base import PasswordClient
-from provisioner.cloud.s3 import S3Client
+from provisioner.aws import errors
+from provisioner.aws.session import CALLS
+from provisioner.kinds import s3 as s3_module
+from provisioner.kinds.contract import PasswordClient
+from provisioner.kinds.s3 import S3Client
 
 pytestmark = pytest.mark.cloud
 
@@ -26,7 +26,7 @@ def s3(aws):
 @pytest.fixture
 def raw_s3(aws, moto_url):
     """A client of botocore's full S3 model, for what the test does beside the operator (the
-    operator's own clients know only its operations: provisioner/cloud/botodata.py)."""
+    operator's own clients know only its operations: provisioner/aws/botodata.py)."""
 
     def client(region="us-east-1"):
         return boto3.session.Session().client("s3", region_name=region, endpoint_url=moto_url)

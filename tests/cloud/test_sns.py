@@ -7,10 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from provisioner.cloud import errors, subscriptions
-from provisioner.cloud.base import PasswordClient
-from provisioner.cloud.sns import SnsClient
-from provisioner.cloud.sqs import SqsClient
+from provisioner.aws import errors
+from provisioner.kinds import subscriptions
+from provisioner.kinds.contract import PasswordClient
+from provisioner.kinds.sns import SnsClient
+from provisioner.kinds.sqs import SqsClient
 
 pytestmark = pytest.mark.cloud
 

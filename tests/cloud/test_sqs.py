@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from provisioner.cloud import errors
-from provisioner.cloud.aws import CALLS
-from provisioner.cloud.base import PasswordClient
-from provisioner.cloud.sqs import DEAD_LETTER_ARN, SqsClient
+from provisioner.aws import errors
+from provisioner.aws.session import CALLS
+from provisioner.kinds.contract import PasswordClient
+from provisioner.kinds.sqs import DEAD_LETTER_ARN, SqsClient
 
 pytestmark = pytest.mark.cloud
 

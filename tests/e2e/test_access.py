@@ -23,7 +23,7 @@ import pytest
 from botocore import UNSIGNED
 from botocore.config import Config
 
-from provisioner.cloud import iam as iam_names
+from provisioner.access import iam as iam_names
 from provisioner_dev.stack import DEV_REGION, MotoServer
 from tests.conftest import Cluster, fresh_namespace, on_moto_only
 from tests.e2e.conftest import operators

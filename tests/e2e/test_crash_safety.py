@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from provisioner.kinds import KINDS
+from provisioner.kinds.registry import KINDS
 from provisioner_dev.samples import SAMPLES
 from tests.conftest import shipped_cluster_role_rules
 from tests.helpers import (

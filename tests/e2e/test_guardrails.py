@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from provisioner.models import parse_time
+from provisioner.model.resource import parse_time
 from provisioner_dev.binaries import cached_helm, ensure_helm
 from tests.conftest import Cluster, fresh_namespace, on_moto_only
 from tests.e2e.test_drift_policy import calls, recording

@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from provisioner.kinds import KINDS as REGISTERED
+from provisioner.kinds.registry import KINDS as REGISTERED
 from provisioner_dev.binaries import cached_helm, ensure_binaries, ensure_helm
 from provisioner_dev.controlplane import ControlPlane
 from provisioner_dev.stack import OperatorProcess

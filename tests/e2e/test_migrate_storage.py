@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from provisioner import GROUP
-from provisioner.kinds import KINDS
+from provisioner.kinds.registry import KINDS
 from provisioner_dev.launch import Stack
 from provisioner_dev.stack import CRD_DIR, WebhookProcess, install_crds
 from tests.conftest import needs_own_controlplane

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from provisioner import kubelogin, webhook_certs
-from provisioner.kube import Kube
+from provisioner.kube import login as kubelogin
+from provisioner.kube.client import Kube
+from provisioner.webhook import certificates as webhook_certs
 
 pytestmark = pytest.mark.e2e
 

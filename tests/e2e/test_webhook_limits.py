@@ -23,7 +23,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from provisioner import GROUP, webhook
+from provisioner import GROUP
+from provisioner.webhook import server as webhook
 from provisioner_dev.binaries import cached_helm
 
 pytestmark = pytest.mark.e2e

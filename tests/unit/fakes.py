@@ -15,10 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from provisioner.cloud import errors, rds, s3, sqs, tag_diffs
-from provisioner.cloud.base import ADOPTABLE_BY_TAG, FieldDiff, Observation
-from provisioner.kube import KubeError
-from provisioner.models import OWNER_UID_TAG, Resource
+from provisioner.aws import errors
+from provisioner.kinds import rds, s3, sqs
+from provisioner.kinds.contract import ADOPTABLE_BY_TAG, FieldDiff, Observation
+from provisioner.kinds.tagging import tag_diffs
+from provisioner.kube.client import KubeError
+from provisioner.model.resource import OWNER_UID_TAG, Resource
 
 # The mutable spec fields of each kind, as the real clients name them in their FieldDiffs.
 SPEC_FIELDS: dict[str, dict[str, str]] = {

@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from provisioner.cloud import iam
-from provisioner.cloud.iam import AccessSettings
-from provisioner.kinds import KINDS
+from provisioner.access import iam
+from provisioner.access.iam import AccessSettings
+from provisioner.kinds.registry import KINDS
 
 GRANTING = [k for k in KINDS if k.access_actions]
 # AWS's access level "Read" or "List" (Service Authorization Reference): what `read` may hold.

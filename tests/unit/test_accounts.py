@@ -1,5 +1,5 @@
-"""Where a resource lives (provisioner/accounts.py) and the assumed-role session cache
-(provisioner/cloud/assume.py), without a cluster or a cloud."""
+"""Where a resource lives (provisioner/placement/accounts.py) and the assumed-role session cache
+(provisioner/aws/assume.py), without a cluster or a cloud."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
-from provisioner import annotation_keys
-from provisioner import conditions as cond
-from provisioner.accounts import AccountRefused, Directory, selector_matches
-from provisioner.cloud import errors
-from provisioner.cloud.assume import AccountRef, AssumedSessions
+from provisioner.aws import errors
+from provisioner.aws.assume import AssumedSessions
+from provisioner.model import annotations as annotation_keys
+from provisioner.model import conditions as cond
+from provisioner.model.account import AccountRef
+from provisioner.placement.accounts import AccountRefused, Directory, selector_matches
 
 TEAM_A = {
     "metadata": {"name": "team-a", "generation": 1},
@@ -224,7 +225,7 @@ def reconcile_queue(spec: dict[str, Any], labels: dict[str, str]) -> tuple[Any, 
 
     from provisioner import API_VERSION
     from provisioner.config import Settings
-    from provisioner.reconcile import Reconciler
+    from provisioner.reconciler.engine import Reconciler
     from tests.unit.fakes import FakeCloud, FakeKube
 
     cloud, kube = FakeCloud("Queue"), FakeKube()
@@ -274,9 +275,10 @@ def test_the_account_is_recorded_before_the_create_call_and_reaches_the_client()
 def test_a_resumed_resource_is_scheduled_where_its_status_says_it_lives():
     """Calm restart: a resource at rest is not placed (no API call) but its resync schedule
     (and the batched describe) must use its recorded account and region."""
-    from provisioner import API_VERSION, kinds
+    from provisioner import API_VERSION
     from provisioner.config import Settings
-    from provisioner.reconcile import Reconciler
+    from provisioner.kinds import registry as kinds
+    from provisioner.reconciler.engine import Reconciler
 
     d = directory({}, [TEAM_A])
     d.account_seen(TEAM_A)

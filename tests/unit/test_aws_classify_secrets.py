@@ -1,4 +1,4 @@
-"""provisioner.cloud.aws.classify: no secret values in messages; right classes for S3 409s."""
+"""provisioner.aws.session.classify: no secret values in messages; right classes for S3 409s."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ from typing import Any
 import botocore.exceptions
 import pytest
 
-from provisioner import kinds
-from provisioner.cloud import errors
-from provisioner.cloud.aws import Aws, AwsSettings, classify
-from provisioner.cloud.budget import CallBudget
-from provisioner.cloud.s3 import S3Client
-from provisioner.kinds import ERROR_CODES
-from provisioner.models import Resource
+from provisioner.aws import errors
+from provisioner.aws.budget import CallBudget
+from provisioner.aws.session import Aws, AwsSettings, classify
+from provisioner.kinds import registry as kinds
+from provisioner.kinds.registry import ERROR_CODES
+from provisioner.kinds.s3 import S3Client
+from provisioner.model.resource import Resource
 
 SECRET = "s3cr3tP4ss"
 

@@ -8,10 +8,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from provisioner import kinds
-from provisioner.cloud.base import BatchObserver, Observation
 from provisioner.config import Settings
-from provisioner.reconcile import PREFETCH_TTL, Reconciler
+from provisioner.kinds import registry as kinds
+from provisioner.kinds.contract import BatchObserver, Observation
+from provisioner.reconciler.engine import PREFETCH_TTL, Reconciler
 
 SETTINGS = Settings(region="us-east-1", cluster_id="test", workers=2)
 
@@ -86,7 +86,7 @@ def test_kinds_without_batches_are_left_alone():
 
 
 def test_resyncs_due_soon_of_a_batched_kind_are_taken_along():
-    from provisioner.resync import ResyncScheduler
+    from provisioner.runtime.resync import ResyncScheduler
 
     class Owner:
         clients = {"DatabaseInstance": Batching(set()), "Queue": object()}

@@ -15,18 +15,18 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from provisioner import kinds
-from provisioner.cloud.aws import Aws, AwsSettings
-from provisioner.cloud.base import BatchObserver, BatchTagReader
-from provisioner.cloud.budget import CallBudget, Limit
-from provisioner.cloud.s3 import S3Client
-from provisioner.cloud.sns import SnsClient
-from provisioner.cloud.sqs import SqsClient
-from provisioner.cloud.tagging import PAGE
+from provisioner.aws.budget import CallBudget, Limit
+from provisioner.aws.session import Aws, AwsSettings
 from provisioner.config import Settings
-from provisioner.kinds import ERROR_CODES
-from provisioner.models import OWNER_UID_TAG
-from provisioner.reconcile import Reconciler
+from provisioner.kinds import registry as kinds
+from provisioner.kinds.contract import BatchObserver, BatchTagReader
+from provisioner.kinds.registry import ERROR_CODES
+from provisioner.kinds.s3 import S3Client
+from provisioner.kinds.sns import SnsClient
+from provisioner.kinds.sqs import SqsClient
+from provisioner.kinds.tagging import PAGE
+from provisioner.model.resource import OWNER_UID_TAG
+from provisioner.reconciler.engine import Reconciler
 
 REGION = "us-east-1"
 SPECS: dict[str, dict[str, Any]] = {"Queue": {}, "Topic": {}, "S3Bucket": {}}
@@ -129,7 +129,7 @@ def test_drift_a_foreign_owner_and_absence_are_decided_by_the_service(aws, kind)
 
 
 def test_a_batch_never_stands_in_for_other_owners_or_differences():
-    from provisioner.cloud.tagging import stands_in
+    from provisioner.kinds.tagging import stands_in
 
     r = resource("Queue", "q")
     assert stands_in(r, dict(r.desired_tags))
@@ -167,13 +167,13 @@ class Tagged:
         return {n: {"k": n} for n in names if n in self.names}
 
     def observe_tagged(self, resource: Any, tags: dict[str, str]) -> Any:
-        from provisioner.cloud.base import Observation
+        from provisioner.kinds.contract import Observation
 
         self.looks.append((resource.external_name, tags))
         return Observation(exists=True, state="tagged")
 
     def observe(self, resource: Any) -> Any:
-        from provisioner.cloud.base import Observation
+        from provisioner.kinds.contract import Observation
 
         self.looks.append((resource.external_name, None))
         return Observation(exists=True, state="alone")
@@ -220,7 +220,7 @@ def test_the_looks_have_threads_of_their_own():
 
 
 def test_a_look_whose_budget_has_calls_waiting_is_put_off():
-    from provisioner.resync import ResyncScheduler
+    from provisioner.runtime.resync import ResyncScheduler
 
     now = [100.0]
     budget = CallBudget(clock=lambda: now[0], sleep=lambda s: None)
@@ -256,7 +256,7 @@ def test_a_look_whose_budget_has_calls_waiting_is_put_off():
 
 
 def test_the_tagging_api_has_its_documented_budget():
-    from provisioner.cloud.budget import DEFAULT_LIMITS, parse_limits
+    from provisioner.aws.budget import DEFAULT_LIMITS, parse_limits
 
     assert DEFAULT_LIMITS["resourcegroupstaggingapi"] == Limit(burst=15, rate=15)
     assert parse_limits("resourcegroupstaggingapi=off") == {"resourcegroupstaggingapi": None}

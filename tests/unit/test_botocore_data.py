@@ -1,6 +1,6 @@
-"""The pruned botocore data the operator ships (provisioner/cloud/botodata.py).
+"""The pruned botocore data the operator ships (provisioner/aws/botodata.py).
 
-provisioner/cloud/botocore_data/ is written by provisioner_dev/botocore_data.py from the pinned
+provisioner/aws/botocore_data/ is written by provisioner_dev/botocore_data.py from the pinned
 botocore; these tests fail when a file differs from what it would write, when the operator makes
 a client of a service (or calls an S3 operation) the pruned files leave out, when a session of
 the operator's resolves an endpoint or signs for another region than one with botocore's full
@@ -19,9 +19,10 @@ import botocore.session
 import pytest
 from botocore import xform_name
 
-from provisioner import kinds
-from provisioner.cloud import botodata, tagging
-from provisioner.cloud.aws import Aws, AwsSettings
+from provisioner.aws import botodata
+from provisioner.aws.session import Aws, AwsSettings
+from provisioner.kinds import registry as kinds
+from provisioner.kinds import tagging
 from provisioner_dev import botocore_data
 
 ROOT = Path(__file__).resolve().parents[2]

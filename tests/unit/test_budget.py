@@ -13,16 +13,16 @@ import botocore.exceptions
 import pytest
 from botocore.stub import Stubber
 
-from provisioner import metrics
-from provisioner.cloud import errors
-from provisioner.cloud.aws import Aws, AwsSettings
-from provisioner.cloud.budget import (
+from provisioner.aws import errors
+from provisioner.aws.budget import (
     BudgetSettings,
     BudgetSpecError,
     CallBudget,
     Limit,
     parse_limits,
 )
+from provisioner.aws.session import Aws, AwsSettings
+from provisioner.runtime import metrics
 
 
 class FakeTime:

@@ -1,4 +1,4 @@
-"""The call budget's turns between namespaces (provisioner/cloud/turns.py): a namespace's
+"""The call budget's turns between namespaces (provisioner/aws/turns.py): a namespace's
 single call goes ahead of another's flood, namespaces that wait take turns, a namespace's own
 calls go first come first served, and the moments promised never go faster than the bucket.
 
@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from provisioner.cloud.budget import BudgetSettings, CallBudget, Limit
-from provisioner.cloud.turns import CALLER
+from provisioner.aws.budget import BudgetSettings, CallBudget, Limit
+from provisioner.aws.turns import CALLER
 from tests.unit.test_budget import FakeClient, FakeTime, budget_with, rds_bucket
 
 

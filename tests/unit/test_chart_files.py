@@ -287,7 +287,7 @@ def test_exact_rules(helm, replicas):
         for resource in rule["resources"]
         for verb in rule["verbs"]
     }
-    from provisioner.kinds import KINDS
+    from provisioner.kinds.registry import KINDS
 
     crs = [k.plural for k in KINDS]
     expected = {
@@ -432,9 +432,9 @@ def test_refused_values(helm, sets, message):
 
 def test_every_registered_kind_has_its_crd_and_rbac():
     """The registry, the CRDs and the shipped RBAC name the same kinds: a kind added to
-    provisioner.kinds without its CRD (or the other way round) fails here, and the chart's
+    provisioner.kinds.registry without its CRD (or the other way round) fails here, and the chart's
     RBAC lists come from the CRDs it carries."""
-    from provisioner.kinds import KINDS
+    from provisioner.kinds.registry import KINDS
 
     crds = {}
     for path in (ROOT / "crds").glob("*.yaml"):
@@ -592,7 +592,7 @@ def test_crds_are_rendered_from_the_files_kept_on_uninstall_and_pointed_at_the_r
             source["spec"]["conversion"]["webhook"]["clientConfig"]["service"] = service
         # Besides the metadata and the webhook's Service, exactly the file.
         assert crd["spec"] == source["spec"], name
-    from provisioner.kinds import KINDS
+    from provisioner.kinds.registry import KINDS
 
     assert converted == {f"{k.plural}.{GROUP}" for k in KINDS}
 
@@ -652,7 +652,7 @@ def test_webhook_service_port_and_settings(helm):
 @pytest.mark.parametrize("sets", [(), ("watchNamespaces={team-a}", "replicas=1")])
 def test_webhook_rbac_is_its_crds_by_name_and_its_secret(helm, sets):
     docs = render(helm, *sets)
-    from provisioner.kinds import KINDS
+    from provisioner.kinds.registry import KINDS
 
     (crds_role,) = [
         d

@@ -1,4 +1,4 @@
-"""provisioner.conditions: merge, status_patch (write nothing when nothing changed), changed."""
+"""provisioner.model.conditions: merge, status_patch (nothing written if unchanged), changed."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from provisioner import conditions as cond
-from provisioner.conditions import Condition
+from provisioner.model import conditions as cond
+from provisioner.model.conditions import Condition
 
 OLD = "2024-01-01T00:00:00Z"
 NEW = "2030-06-15T12:00:00Z"

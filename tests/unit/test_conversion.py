@@ -1,4 +1,4 @@
-"""provisioner.conversion: v1alpha1 <-> v1beta1, lossless both ways, pure, for every kind.
+"""provisioner.model.conversion: v1alpha1 <-> v1beta1, lossless both ways, pure, for every kind.
 
 Property-based: the strategies below build objects as the API server holds them (the
 schema's fields, each optional one present or absent, labels, annotations, finalizers,
@@ -20,8 +20,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from provisioner import FINALIZER, GROUP, v1beta1_rules
-from provisioner.conversion import (
+from provisioner import FINALIZER, GROUP
+from provisioner.model import v1beta1_rules
+from provisioner.model.conversion import (
     FIELDS_ANNOTATION,
     HUB,
     KINDS,

@@ -16,7 +16,7 @@ from aiohttp import web
 from kopf._cogs.structs import references
 from kopf._core.reactor import queueing
 
-from provisioner.fair_slots import (
+from provisioner.reconciler.fair_slots import (
     ContextThreadPool,
     FairSlots,
     fair_requests,

@@ -1,4 +1,4 @@
-"""Watch events reach kopf's queues without managedFields (provisioner/footprint.py)."""
+"""Watch events reach kopf's queues without managedFields (provisioner/runtime/footprint.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from kopf._cogs.clients import watching
 from kopf._core.reactor import queueing
 
-from provisioner import footprint
+from provisioner.runtime import footprint
 
 
 def _body(n: int = 0) -> dict[str, Any]:
@@ -123,7 +123,7 @@ def test_a_queued_body_holds_less_than_half_the_memory() -> None:
 
 def test_kopf_connections_leave_room_for_requests_beside_every_watch() -> None:
     from provisioner.config import Settings
-    from provisioner.operator import API_REQUESTS_IN_FLIGHT, api_connection_limit
+    from provisioner.runtime.handlers import API_REQUESTS_IN_FLIGHT, api_connection_limit
 
     assert API_REQUESTS_IN_FLIGHT == 8
     # Four kinds and peering in every namespace, CloudAccounts and namespaces once, plus 8.

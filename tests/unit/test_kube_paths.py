@@ -16,8 +16,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from provisioner import kubelogin
-from provisioner.kube import InvalidName, Kube, KubeError, event_name, valid_name
+from provisioner.kube import login as kubelogin
+from provisioner.kube.client import InvalidName, Kube, KubeError, event_name, valid_name
 
 
 class Recorder(BaseHTTPRequestHandler):

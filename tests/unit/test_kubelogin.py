@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from provisioner import kubelogin
+from provisioner.kube import login as kubelogin
 
 
 def sa_dir(tmp_path: Path) -> Path:

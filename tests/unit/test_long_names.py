@@ -12,9 +12,10 @@ import re
 
 import pytest
 
-from provisioner import connection_secret, kinds
-from provisioner.cloud import iam
-from provisioner.models import default_secret_name, label_value
+from provisioner.access import iam
+from provisioner.kinds import registry as kinds
+from provisioner.model import connection_secret
+from provisioner.model.resource import default_secret_name, label_value
 
 UID = "6f1c2a4e-0d2b-4c1e-9a7f-3b5d8e9f0a1b"
 # Kubernetes' own validation (apimachinery's IsDNS1123Subdomain, IsValidLabelValue).

@@ -10,11 +10,11 @@ import asyncio
 import time
 from typing import Any
 
-from provisioner import kinds
 from provisioner.config import Settings
-from provisioner.outcome import Event, Result, event_reference
-from provisioner.reconcile import Reconciler
-from provisioner.resync import ResyncScheduler
+from provisioner.kinds import registry as kinds
+from provisioner.reconciler.engine import Reconciler
+from provisioner.reconciler.outcome import Event, Result, event_reference
+from provisioner.runtime.resync import ResyncScheduler
 
 REGION = "us-east-1"
 
@@ -116,7 +116,7 @@ def test_events_carry_a_reference_not_the_body() -> None:
 def test_events_waiting_for_the_api_server_are_bounded() -> None:
     from concurrent.futures import Future
 
-    from provisioner.operator import event_poster
+    from provisioner.runtime.handlers import event_poster
 
     class Held:
         """An executor whose work waits until the test finishes it."""

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
-from provisioner import GROUP, migrate
-from provisioner.kube import KubeError
+from provisioner import GROUP
+from provisioner.kube.client import KubeError
+from provisioner.tools import migrate
 from provisioner_dev.processes import free_port
 
 CRD = f"s3buckets.{GROUP}"

@@ -1,14 +1,15 @@
-"""provisioner.models: parsing bodies, defaults, tags and external names."""
+"""provisioner.model.resource: parsing bodies, defaults, tags and external names."""
 
 from __future__ import annotations
 
 import pytest
 
-from provisioner import kinds, naming
-from provisioner.cloud.rds import DatabaseSpec
-from provisioner.cloud.s3 import BucketSpec
-from provisioner.cloud.sqs import QueueSpec
-from provisioner.models import (
+from provisioner.kinds import registry as kinds
+from provisioner.kinds.rds import DatabaseSpec
+from provisioner.kinds.s3 import BucketSpec
+from provisioner.kinds.sqs import QueueSpec
+from provisioner.model import naming
+from provisioner.model.resource import (
     CLUSTER_TAG,
     NAME_TAG,
     NAMESPACE_TAG,
@@ -233,14 +234,14 @@ def test_unknown_kind_raises():
     [("30s", 30), ("72h", 259200), ("1h30m", 5400), ("7d", 604800), ("1d2h3m4s", 93784)],
 )
 def test_durations(text, seconds):
-    from provisioner.models import parse_duration
+    from provisioner.model.resource import parse_duration
 
     assert parse_duration(text).total_seconds() == seconds
 
 
 @pytest.mark.parametrize("text", ["", "3 days", "1.5h", "h", "10"])
 def test_durations_refused(text):
-    from provisioner.models import parse_duration
+    from provisioner.model.resource import parse_duration
 
     with pytest.raises(ValueError):
         parse_duration(text)
@@ -249,7 +250,7 @@ def test_durations_refused(text):
 def test_expiry_counts_from_the_api_servers_creation_time():
     from datetime import UTC, datetime
 
-    from provisioner.models import expiry, parse_time
+    from provisioner.model.resource import expiry, parse_time
 
     created = parse_time("2026-12-01T10:00:00Z")
     assert expiry({"ttl": "90m"}, created) == datetime(2026, 12, 1, 11, 30, tzinfo=UTC)

@@ -1,4 +1,4 @@
-"""provisioner.naming: deterministic, uid-separated, always-valid cloud names."""
+"""provisioner.model.naming: deterministic, uid-separated, always-valid cloud names."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from provisioner import naming
+from provisioner.model import naming
 
 # AWS rules (only the ones the brief asks for).
 S3_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")  # 3-63 chars, alnum at both ends

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from provisioner.cloud import errors
-from provisioner.cloud.aws import Aws, AwsSettings
-from provisioner.kinds import ERROR_CODES
+from provisioner.aws import errors
+from provisioner.aws.session import Aws, AwsSettings
+from provisioner.kinds.registry import ERROR_CODES
 
 THREADS = 8
 

@@ -1,4 +1,4 @@
-"""provisioner.reconcile: backoff and the static predicates on a Resource's status; the
+"""provisioner.reconciler.engine: backoff and the static predicates on a Resource's status; the
 resync due times of resumed resources."""
 
 from __future__ import annotations
@@ -9,12 +9,14 @@ import time
 
 import pytest
 
-from provisioner import conditions as cond
-from provisioner import kinds, outcome, reconcile
 from provisioner.config import Settings
-from provisioner.outcome import backoff
-from provisioner.reconcile import Reconciler
-from provisioner.resync import ResyncScheduler
+from provisioner.kinds import registry as kinds
+from provisioner.model import conditions as cond
+from provisioner.reconciler import engine as reconcile
+from provisioner.reconciler import outcome
+from provisioner.reconciler.engine import Reconciler
+from provisioner.reconciler.outcome import backoff
+from provisioner.runtime.resync import ResyncScheduler
 
 UID = "6f1c2a4e-0d2b-4c1e-9a7f-3b5d8e9f0a1b"
 

@@ -23,16 +23,19 @@ from typing import Any
 
 import pytest
 
-from provisioner import API_VERSION, FINALIZER, annotation_keys, connection_secret, kinds
-from provisioner import conditions as cond
-from provisioner.cloud import errors
-from provisioner.cloud.base import ADOPTABLE_BY_TAG
+from provisioner import API_VERSION, FINALIZER
+from provisioner.aws import errors
 from provisioner.config import Settings
-from provisioner.kube import KubeError
-from provisioner.models import Resource
-from provisioner.outcome import Event, Result
-from provisioner.ownership import create_token
-from provisioner.reconcile import Reconciler
+from provisioner.kinds import registry as kinds
+from provisioner.kinds.contract import ADOPTABLE_BY_TAG
+from provisioner.kube.client import KubeError
+from provisioner.model import annotations as annotation_keys
+from provisioner.model import conditions as cond
+from provisioner.model import connection_secret
+from provisioner.model.resource import Resource
+from provisioner.reconciler.engine import Reconciler
+from provisioner.reconciler.outcome import Event, Result
+from provisioner.reconciler.ownership import create_token
 from tests.unit.fakes import CloudObject, FakeCloud, FakeKube, FakePasswordCloud, Journal
 
 NS, NAME, UID = "team-a", "orders", "6f1c2a4e-0d2b-4c1e-9a7f-3b5d8e9f0a1b"

@@ -1,7 +1,7 @@
 """spec.region: a region the operator knows, or InvalidSpec before anything is made for it.
 
 The CRDs refuse what is no region's name (pattern, length); the operator refuses a well-formed
-name it does not know (provisioner/accounts.py), before any cloud call, client or call
+name it does not know (provisioner/placement/accounts.py), before any cloud call, client or call
 budget bucket; the boto3 clients it keeps are bounded besides.
 """
 
@@ -16,13 +16,14 @@ from typing import Any
 import pytest
 import yaml
 
-from provisioner import API_VERSION, config, kinds
-from provisioner import conditions as cond
-from provisioner.accounts import AccountRefused, Directory, botocore_regions
-from provisioner.cloud import aws as aws_module
-from provisioner.cloud.aws import CALLS, Aws, AwsSettings
+from provisioner import API_VERSION, config
+from provisioner.aws import session as aws_module
+from provisioner.aws.session import CALLS, Aws, AwsSettings
 from provisioner.config import ConfigError, Settings
-from provisioner.reconcile import Reconciler
+from provisioner.kinds import registry as kinds
+from provisioner.model import conditions as cond
+from provisioner.placement.accounts import AccountRefused, Directory, botocore_regions
+from provisioner.reconciler.engine import Reconciler
 from tests.unit.fakes import FakeKube
 
 ROOT = Path(__file__).resolve().parents[2]

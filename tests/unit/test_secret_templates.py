@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from provisioner import connection_secret as cs
+from provisioner.model import connection_secret as cs
 
 PASSWORD = "Abc123xyz"
 VALUES = {

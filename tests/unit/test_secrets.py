@@ -1,4 +1,4 @@
-"""provisioner.connection_secret: passwords, URIs, the Secret body, and when to (re)write it."""
+"""provisioner.model.connection_secret: passwords, URIs, the body, and when to (re)write it."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from provisioner import API_VERSION, kinds
-from provisioner import connection_secret as secrets
+from provisioner import API_VERSION
+from provisioner.kinds import registry as kinds
+from provisioner.model import connection_secret as secrets
 
 UID = "6f1c2a4e-0d2b-4c1e-9a7f-3b5d8e9f0a1b"
 

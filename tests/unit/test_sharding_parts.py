@@ -8,8 +8,9 @@ from collections import Counter
 
 import pytest
 
-from provisioner import config, sharding
-from provisioner.operator import _without_shard_labels
+from provisioner import config
+from provisioner.runtime import sharding
+from provisioner.runtime.handlers import _without_shard_labels
 
 KEYS = [sharding.key("Queue", f"ns-{i % 7}", f"q-{i}") for i in range(3000)]
 

@@ -20,8 +20,11 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from provisioner import GROUP, conversion, webhook, webhook_certs
+from provisioner import GROUP
 from provisioner.config import Settings
+from provisioner.model import conversion
+from provisioner.webhook import certificates as webhook_certs
+from provisioner.webhook import server as webhook
 from tests.helpers import wait_for
 
 NAMES = webhook_certs.dns_names("provisioner-system/provisioner-webhook")
@@ -99,7 +102,7 @@ def test_client_config_service_in_a_cluster_loopback_outside():
 def test_the_operator_never_loads_cryptography():
     """Certificates are made in a child process; due-ness is read from annotations."""
     script = (
-        "import sys; from provisioner import webhook, webhook_certs as w; "
+        "import sys; from provisioner.webhook import server, certificates as w; "
         "c = w.generate_apart(['svc']); assert not w.due(c, ['svc']); "
         "r = w.generate_apart(['svc'], c); assert r.ca_pem == c.ca_pem; "
         "print(sorted(m for m in sys.modules if m.startswith('cryptography')))"

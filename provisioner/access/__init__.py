@@ -1,0 +1,1 @@
+"""spec.access: IAM roles and policies that grant workloads access to a resource."""

@@ -1,0 +1,108 @@
+"""Tags of many resources in one call: the Resource Groups Tagging API's GetResources.
+
+A periodic look at a queue, a topic or a bucket needs its tags (the owner-uid tag says
+whose it is; a tag changed behind the operator's back is drift). Read one by one, that is
+one call per resource and look (SQS's ListQueueTags is limited to 5 per second per
+account). GetResources answers for up to 100 ARNs at once, so the resources whose resync
+comes due together have their tags read with one call per 100 (`tags_by_arn`), and each
+look then makes only its kind's own read (GetQueueAttributes, GetTopicAttributes, ...).
+
+GetResources (https://docs.aws.amazon.com/resourcegroupstagging/latest/APIReference/
+API_GetResources.html): ResourceARNList takes "a minimum of 1 and a maximum of 100" ARNs
+and may not be combined with the pagination parameters, TagFilters or
+ResourceTypeFilters; "if a resource specified by this parameter doesn't exist, it doesn't
+generate an error; it simply isn't included in the response"; it "does not return untagged
+resources"; regional (a region's resources only). Its rate (Tag Editor's service quotas,
+https://docs.aws.amazon.com/tag-editor/latest/userguide/reference.html): "Rate of calling
+the GetResources API operation: Maximum of 15 calls per second" (the call budget's
+`resourcegroupstaggingapi` bucket, provisioner/aws/budget.py). IAM action:
+`tag:GetResources`.
+
+The tagging API's answer is an index the services update after the fact, so it stands in
+for a resource's own tag read only when it says nothing worth acting on: the resource is
+ours and tagged exactly as desired (`stands_in`). Anything else (not in the answer, another
+owner, a tag differing) and the look reads the tags from the service itself, as it always
+did, so drift and ownership are decided on the service's own word.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from provisioner.kinds.contract import FieldDiff, owner_of
+from provisioner.model.resource import Resource
+
+if TYPE_CHECKING:
+    from provisioner.aws.session import Aws
+    from provisioner.model.account import AccountRef
+
+SERVICE = "resourcegroupstaggingapi"
+# The most ARNs one GetResources takes.
+PAGE = 100
+
+# Tags AWS puts on resources itself; users cannot set or remove them.
+AWS_TAG_PREFIX = "aws:"
+
+
+def visible_tags(tags: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in tags.items() if not k.startswith(AWS_TAG_PREFIX)}
+
+
+def tag_diffs(observed: dict[str, str], desired: dict[str, str]) -> list[FieldDiff]:
+    """One "tags" diff when the cloud's tags (minus AWS-managed ones) are not exactly `desired`."""
+    current = visible_tags(observed)
+    return [] if current == desired else [FieldDiff("tags", current, desired)]
+
+
+def tag_changes(
+    observed: dict[str, str], desired: dict[str, str]
+) -> tuple[dict[str, str], list[str]]:
+    """(tags to add or overwrite, keys to remove) turning `observed` into `desired`."""
+    current = visible_tags(observed)
+    to_set = {k: v for k, v in desired.items() if current.get(k) != v}
+    return to_set, sorted(k for k in current if k not in desired)
+
+
+def tags_by_arn(
+    aws: Aws, region: str, arns: Sequence[str], account: AccountRef | None = None
+) -> dict[str, dict[str, str]]:
+    """The tags of those of `arns` the tagging API knows (absent: untagged or not there),
+    with one GetResources per 100 ARNs."""
+    tagging = aws.client(SERVICE, region, account)
+    found: dict[str, dict[str, str]] = {}
+    for start in range(0, len(arns), PAGE):
+        request: dict[str, Any] = {"ResourceARNList": list(arns[start : start + PAGE])}
+        while True:
+            page = aws.call(tagging.get_resources, **request)
+            for mapping in page.get("ResourceTagMappingList") or []:
+                tags = mapping.get("Tags") or []
+                found[mapping["ResourceARN"]] = {t["Key"]: t["Value"] for t in tags}
+            # AWS answers a list of ARNs in one page; an emulator may page it anyway (moto:
+            # about 100 tags a page), and then only the token may follow.
+            token = page.get("PaginationToken")
+            if not token:
+                break
+            request = {"PaginationToken": token}
+    return found
+
+
+def by_name(
+    aws: Aws,
+    region: str,
+    arns: dict[str, str],
+    account: AccountRef | None = None,
+) -> dict[str, dict[str, str]]:
+    """`tags_by_arn` for `arns` (ARN -> cloud name), keyed by cloud name."""
+    found = tags_by_arn(aws, region, list(arns), account)
+    return {arns[arn]: tags for arn, tags in found.items() if arn in arns}
+
+
+def stands_in(resource: Resource, tags: dict[str, str] | None) -> bool:
+    """Whether tags read in a batch may stand in for the resource's own tag read: ours, and
+    exactly as desired (nothing to correct, nobody else's)."""
+    return (
+        tags is not None
+        and owner_of(tags) == resource.uid
+        and not tag_diffs(tags, resource.desired_tags)
+    )

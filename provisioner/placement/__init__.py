@@ -1,0 +1,1 @@
+"""Accounts and placement: which CloudAccount and region a resource acts in."""

@@ -1,0 +1,1 @@
+"""The reconciler: a short engine that runs one pass through named stages."""

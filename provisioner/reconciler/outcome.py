@@ -1,0 +1,74 @@
+"""What a pass decides: its Result (conditions, status fields, Events, a requeue), and the
+requeue delays every stage uses."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from provisioner.model import conditions as cond
+
+# Requeue delays (seconds): the first retry is quick, then it doubles up to the cap.
+RETRY_BASE = 1.0
+RETRY_CAP = 60.0
+CREDENTIALS_RETRY_CAP = 300.0
+WAIT_BASE = 2.0
+WAIT_CAP = 30.0
+
+
+def event_reference(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What an Event needs of the object it is about (its kind, name and uid), not the
+    body: an Event waits for its post, and a backlog of them (a burst of thousands of
+    creates against a slow API server) would otherwise hold as many whole bodies."""
+    meta = body.get("metadata") or {}
+    reference: dict[str, Any] = {k: body[k] for k in ("apiVersion", "kind") if k in body}
+    reference["metadata"] = {k: meta[k] for k in ("name", "namespace", "uid") if k in meta}
+    return reference
+
+
+def backoff(retry: int, base: float = RETRY_BASE, cap: float = RETRY_CAP) -> float:
+    """Exponential backoff with +-20% jitter so that many resources spread out."""
+    delay: float = min(cap, base * (2 ** min(retry, 16)))
+    return round(delay * random.uniform(0.8, 1.2), 2)
+
+
+def where(account: str) -> str:
+    return f"CloudAccount {account}" if account else "the operator's own account"
+
+
+def at(delay: float) -> str:
+    """The wall-clock time `delay` seconds from now, as people read it in a message."""
+    return (datetime.now(UTC) + timedelta(seconds=delay)).strftime("%H:%M:%S UTC")
+
+
+@dataclass
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass
+class Result:
+    """What one pass decided: conditions, status fields, Events, and whether to come back."""
+
+    conditions: list[cond.Condition] = field(default_factory=list)
+    fields: dict[str, Any] = field(default_factory=dict)
+    events: list[Event] = field(default_factory=list)
+    requeue_after: float | None = None
+    # This pass dealt with the current generation, so status.observedGeneration moves to it.
+    # False for passes that did not look at the spec (paused, deletion, a repeat after a
+    # terminal error).
+    for_generation: bool = True
+    # Deletion is complete: the cloud resource is gone (or retained) and the finalizer may go.
+    release_finalizer: bool = False
+
+    @property
+    def retry_message(self) -> str:
+        for c in self.conditions:
+            if not c.status:
+                return f"{c.reason}: {c.message}"
+        return "requeued"

@@ -1,0 +1,3 @@
+"""The runtime: kopf handlers, the resync scheduler, sharding, metrics, the CloudAccount
+controller.
+"""

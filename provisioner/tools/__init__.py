@@ -1,0 +1,1 @@
+"""Operator tools run from the CLI: leak reports, storage migration."""

@@ -1,0 +1,1 @@
+"""The conversion webhook: its server and its certificates."""
