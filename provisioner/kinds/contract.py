@@ -60,6 +60,9 @@ class Observation:
     # Fields just written that the cloud may still show with their previous value (set by
     # the reconciler, never by a client).
     settling: list[str] = field(default_factory=list)
+    # What the cloud is still applying while the resource serves (RDS's pending modified
+    # values), for Ready's message; "" when nothing.
+    applying: str = ""
 
     def owned_by(self, resource: Resource) -> bool:
         return self.owner_uid == resource.uid
@@ -198,6 +201,10 @@ class KindDescriptor:
     # seconds" after SetQueueAttributes). Within it, a read that shows the old value of a
     # field just written is neither written again nor reported as drift.
     settle_seconds: float = 0.0
+    # The state words of a resource that exists but is still being made: Ready=False
+    # Creating (any other word while it does not serve: Unavailable). "" is a state not
+    # known yet.
+    creating_states: frozenset[str] = frozenset({""})
     # `spec.access`: the IAM actions each level grants (cumulative: `write` holds `read`'s),
     # on the resources `access_resources` derives from the cloud resource's ARN. Empty: the
     # kind offers no `spec.access`.

@@ -34,6 +34,9 @@ ACCOUNT_NOT_ALLOWED = "AccountNotAllowed"
 REGION_NOT_ALLOWED = "RegionNotAllowed"
 ACCOUNT_UNAVAILABLE = "AccountUnavailable"
 ACCOUNT_REASONS = (ACCOUNT_NOT_FOUND, ACCOUNT_NOT_ALLOWED, REGION_NOT_ALLOWED, ACCOUNT_UNAVAILABLE)
+# A Synced=False of the current generation with one of these: refused until the spec changes
+# (read back from status after a restart).
+REFUSED_FOR_GENERATION = (INVALID_SPEC, NAME_CONFLICT)
 # Synced reasons of spec.access (the resource itself may be Ready)
 ACCESS_CONFLICT = "AccessConflict"
 ACCESS_DISABLED = "AccessDisabled"

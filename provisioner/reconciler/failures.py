@@ -17,6 +17,7 @@ from provisioner.reconciler.outcome import (
     WAIT_BASE,
     WAIT_CAP,
     Result,
+    Verdict,
     at,
     backoff,
 )
@@ -42,12 +43,14 @@ def account_failure(
     elif not cond.find(resource.status.get("conditions"), cond.READY):
         conditions.insert(0, cond.Condition(cond.READY, False, reason, message))
     if reason == cond.INVALID_SPEC and not deleting:
-        return Result(conditions=conditions)  # a new generation is the only way out
+        # A new generation is the only way out.
+        return Result(conditions=conditions, verdict=Verdict.INVALID_SPEC)
     cap = RETRY_CAP if reason == cond.ACCOUNT_UNAVAILABLE else CREDENTIALS_RETRY_CAP
     return Result(
         conditions=conditions,
         requeue_after=backoff(retry, cap=cap),
         for_generation=not deleting,
+        verdict=Verdict.INVALID_SPEC if reason == cond.INVALID_SPEC else Verdict.REFUSED_BY_ACCOUNT,
     )
 
 
@@ -63,6 +66,7 @@ def refused(message: str, retry: int, deleting: bool) -> Result:
         ],
         requeue_after=backoff(retry, cap=CREDENTIALS_RETRY_CAP) if deleting else None,
         for_generation=not deleting,
+        verdict=Verdict.INVALID_SPEC,
     )
 
 
@@ -91,6 +95,7 @@ def failure(resource: Resource, exc: Exception, retry: int, deleting: bool = Fal
                 cond.Condition(cond.SYNCED, False, cond.NAME_CONFLICT, str(exc)),
             ],
             requeue_after=backoff(retry) if deleting else None,
+            verdict=Verdict.NAME_CONFLICT,
         )
     if isinstance(exc, errors.NameHeldError) and not deleting:
         delay = backoff(retry, WAIT_BASE, WAIT_CAP)
@@ -105,7 +110,13 @@ def failure(resource: Resource, exc: Exception, retry: int, deleting: bool = Fal
             ],
             fields={"externalName": resource.external_name},
             requeue_after=delay,
+            verdict=Verdict.WAITING,
         )
+    return retryable(resource, exc, retry, deleting)
+
+
+def retryable(resource: Resource, exc: Exception, retry: int, deleting: bool) -> Result:
+    """A failure the next attempt may not have: ReconcileError, requeued."""
     delay = backoff(retry)
     if isinstance(exc, errors.RetryLaterError):
         delay = exc.retry_after
@@ -125,4 +136,9 @@ def failure(resource: Resource, exc: Exception, retry: int, deleting: bool = Fal
     conditions = [cond.Condition(cond.SYNCED, False, cond.RECONCILE_ERROR, message)]
     if deleting:
         conditions.insert(0, cond.Condition(cond.READY, False, cond.DELETING, message))
-    return Result(conditions=conditions, requeue_after=delay, for_generation=not deleting)
+    return Result(
+        conditions=conditions,
+        requeue_after=delay,
+        for_generation=not deleting,
+        verdict=Verdict.FAILED,
+    )

@@ -3,6 +3,7 @@ requeue delays every stage uses."""
 
 from __future__ import annotations
 
+import enum
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -39,9 +40,54 @@ def where(account: str) -> str:
     return f"CloudAccount {account}" if account else "the operator's own account"
 
 
+def stamp(at: datetime) -> str:
+    """A time as status and messages show it (RFC 3339, whole seconds, UTC)."""
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def at(delay: float) -> str:
     """The wall-clock time `delay` seconds from now, as people read it in a message."""
     return (datetime.now(UTC) + timedelta(seconds=delay)).strftime("%H:%M:%S UTC")
+
+
+class Verdict(enum.Enum):
+    """What a pass came to, as the schedulers and metrics read it (never from a condition's
+    reason, which is worded for people)."""
+
+    # In line with the spec, or nothing to do (a repeat after a terminal refusal).
+    DONE = "done"
+    # Waiting on the cloud or on a dependency: its change handler looks again by itself.
+    WAITING = "waiting"
+    # Written, but the cloud does not show it yet.
+    NOT_APPLIED = "not-applied"
+    # A failure that the next attempt may not have (the cloud, the API server, credentials).
+    FAILED = "failed"
+    # The resource serves; a grant of spec.access waits on something outside the spec.
+    ACCESS_BLOCKED = "access-blocked"
+    # Its CloudAccount or namespace does not let it act (or the account is unreachable).
+    REFUSED_BY_ACCOUNT = "refused-by-account"
+    # This generation is refused for good: only a new spec can change that.
+    INVALID_SPEC = "InvalidSpec"
+    NAME_CONFLICT = "NameConflict"
+    PAUSED = "Paused"
+    PLANNED = "planned"
+
+    @property
+    def refused_for_generation(self) -> bool:
+        return self in (Verdict.INVALID_SPEC, Verdict.NAME_CONFLICT)
+
+    @property
+    def resync_retries(self) -> bool:
+        """A resync that came to this looks again at the next resync, whatever its state."""
+        return self in (Verdict.FAILED, Verdict.NOT_APPLIED, Verdict.ACCESS_BLOCKED)
+
+    def metric_label(self, requeued: bool) -> str:
+        """The `result` label of provisioner_reconcile_total."""
+        if self in (Verdict.INVALID_SPEC, Verdict.NAME_CONFLICT, Verdict.PAUSED):
+            return str(self.value)
+        if self in (Verdict.DONE, Verdict.WAITING):
+            return "requeue" if requeued else "success"
+        return "error"
 
 
 @dataclass
@@ -65,6 +111,7 @@ class Result:
     for_generation: bool = True
     # Deletion is complete: the cloud resource is gone (or retained) and the finalizer may go.
     release_finalizer: bool = False
+    verdict: Verdict = Verdict.DONE
 
     @property
     def retry_message(self) -> str:

@@ -8,7 +8,7 @@ from provisioner.kinds.contract import ADOPTABLE_BY_TAG, Observation
 from provisioner.model import conditions as cond
 from provisioner.model import naming
 from provisioner.model.resource import Resource
-from provisioner.reconciler.outcome import Result
+from provisioner.reconciler.outcome import Result, Verdict
 
 
 def owner(resource: Resource, obs: Observation) -> str:
@@ -64,4 +64,5 @@ def name_conflict(resource: Resource, obs: Observation) -> Result:
             cond.Condition(cond.READY, False, cond.UNAVAILABLE, "the cloud name is taken"),
             cond.Condition(cond.SYNCED, False, cond.NAME_CONFLICT, message),
         ],
+        verdict=Verdict.NAME_CONFLICT,
     )

@@ -11,7 +11,8 @@ from typing import Any
 from provisioner.config import Settings
 from provisioner.kinds import registry as kinds
 from provisioner.kinds.contract import BatchObserver, Observation
-from provisioner.reconciler.engine import PREFETCH_TTL, Reconciler
+from provisioner.reconciler.engine import Reconciler
+from provisioner.reconciler.observe import PREFETCH_TTL
 
 SETTINGS = Settings(region="us-east-1", cluster_id="test", workers=2)
 
@@ -54,10 +55,10 @@ def test_one_batch_serves_every_due_resource_that_exists():
     due = [(r.uid, r.region, r.external_name, None) for r in (a, b, gone)]
     assert asyncio.run(rec.prefetch("DatabaseInstance", due)) == 2
     assert len(cloud.batches) == 1
-    assert rec._prefetched(cloud, a).state == "from-batch"
-    assert rec._prefetched(cloud, a) is None  # used once
+    assert rec.observer.prefetched(cloud, a).state == "from-batch"
+    assert rec.observer.prefetched(cloud, a) is None  # used once
     # Not found in a batch is no proof of absence: that pass observes by itself.
-    assert rec._prefetched(cloud, gone) is None
+    assert rec.observer.prefetched(cloud, gone) is None
 
 
 def test_an_answer_taken_before_a_write_is_never_used():
@@ -65,8 +66,8 @@ def test_an_answer_taken_before_a_write_is_never_used():
     cloud = Batching({a.external_name})
     rec = reconciler(cloud)
     asyncio.run(rec.prefetch("DatabaseInstance", [(a.uid, a.region, a.external_name, None)]))
-    rec.last_write[a.uid] = time.monotonic()  # the change handler wrote in between
-    assert rec._prefetched(cloud, a) is None
+    rec.states.of(a.uid).last_write = time.monotonic()  # the change handler wrote in between
+    assert rec.observer.prefetched(cloud, a) is None
 
 
 def test_an_old_answer_is_never_used():
@@ -74,15 +75,15 @@ def test_an_old_answer_is_never_used():
     cloud = Batching({a.external_name})
     rec = reconciler(cloud)
     asyncio.run(rec.prefetch("DatabaseInstance", [(a.uid, a.region, a.external_name, None)]))
-    started, described = rec.prefetched[a.uid]
-    rec.prefetched[a.uid] = (started - PREFETCH_TTL - 1, described)
-    assert rec._prefetched(cloud, a) is None
+    started, described = rec.states.of(a.uid).prefetched
+    rec.states.of(a.uid).prefetched = (started - PREFETCH_TTL - 1, described)
+    assert rec.observer.prefetched(cloud, a) is None
 
 
 def test_kinds_without_batches_are_left_alone():
     rec = Reconciler(SETTINGS, None, {"Queue": object()}, lambda *_: None)
     assert asyncio.run(rec.prefetch("Queue", [("u", "us-east-1", "q", None)])) == 0
-    assert rec.prefetched == {}
+    assert len(rec.states) == 0
 
 
 def test_resyncs_due_soon_of_a_batched_kind_are_taken_along():
@@ -123,7 +124,7 @@ def test_an_answer_taken_while_a_write_was_on_its_way_is_never_used():
         release.wait(5)
 
     async def scenario() -> None:
-        writing = asyncio.create_task(rec._write(a, slow_update))
+        writing = asyncio.create_task(rec.workers.write(a.uid, slow_update))
         await asyncio.sleep(0.05)  # the write is on its way
         results.append(
             await rec.prefetch("DatabaseInstance", [(a.uid, a.region, a.external_name, None)])
@@ -134,17 +135,17 @@ def test_an_answer_taken_while_a_write_was_on_its_way_is_never_used():
     asyncio.run(scenario())
     assert results == [1]
     # The describe started before the write returned: it may not show it.
-    assert rec._prefetched(cloud, a) is None
+    assert rec.observer.prefetched(cloud, a) is None
 
 
 def test_resources_their_change_handler_waits_on_are_not_described():
     a, b = resource("a"), resource("b")
     cloud = Batching({a.external_name, b.external_name})
     rec = reconciler(cloud)
-    rec.requeued.add(a.uid)  # `creating`: its own backoff polls it, the resync skips it
+    rec.states.of(a.uid).requeued = True  # `creating`: its own backoff polls it, no resync
     due = [(r.uid, r.region, r.external_name, None) for r in (a, b)]
     assert asyncio.run(rec.prefetch("DatabaseInstance", due)) == 1
     assert cloud.batches == [[b.external_name]]
-    rec.requeued.add(b.uid)
+    rec.states.of(b.uid).requeued = True
     assert asyncio.run(rec.prefetch("DatabaseInstance", due)) == 0
     assert len(cloud.batches) == 1  # nobody left to describe: no call at all

@@ -190,13 +190,13 @@ def test_a_resync_pass_uses_the_batched_tags_once_and_only_when_fresh():
     assert cloud.batches == [[a.external_name, b.external_name]]
 
     async def look(r: Any) -> str:
-        return (await rec._observe(cloud, r, resync=True)).state
+        return (await rec.observer.observe(r, resync=True)).state
 
     assert asyncio.run(look(a)) == "tagged"
     assert asyncio.run(look(a)) == "alone"  # used once
     assert asyncio.run(look(b)) == "alone"  # not in the answer: reads by itself
     asyncio.run(rec.prefetch("Queue", due))
-    rec.last_write[a.uid] = time.monotonic()  # written since: the answer may predate it
+    rec.states.of(a.uid).last_write = time.monotonic()  # written since: the answer may predate it
     assert asyncio.run(look(a)) == "alone"
 
 
@@ -268,12 +268,12 @@ def test_resources_refused_for_their_generation_are_not_read_in_batches():
     rec = Reconciler(
         Settings(region=REGION, cluster_id="test", workers=2), None, {"Queue": cloud}, print
     )
-    rec.refused_for_generation.add(a.uid)  # InvalidSpec: its resync looks at nothing
+    rec.states.of(a.uid).refused_for_generation = True  # InvalidSpec: its resync looks at nothing
     due = [(r.uid, r.region, r.external_name, None) for r in (a, b)]
     assert asyncio.run(rec.prefetch("Queue", due)) == 1
     assert cloud.batches == [[b.external_name]]
     rec.forget(a.uid)
-    assert a.uid not in rec.refused_for_generation
+    assert rec.states.get(a.uid) is None
 
 
 def test_paused_resources_are_not_read_in_batches():
@@ -300,4 +300,4 @@ def test_paused_resources_are_not_read_in_batches():
     assert cloud.batches == [[b.external_name]]
     body["metadata"]["annotations"] = {}
     rec.resource(body)  # unpaused
-    assert a.uid not in rec.paused
+    assert not rec.states.of(a.uid).paused

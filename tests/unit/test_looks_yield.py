@@ -38,7 +38,7 @@ def test_a_look_waits_while_change_passes_fill_every_slot() -> None:
         release = asyncio.Event()
 
         async def change(i: int) -> None:
-            async with rec._change_pass(f"uid-{i}"):
+            async with rec.workers.change_pass(f"uid-{i}"):
                 entered[i].set()
                 await release.wait()
 
@@ -47,7 +47,7 @@ def test_a_look_waits_while_change_passes_fill_every_slot() -> None:
         await entered[1].wait()
         # Both slots taken, a third change waits for one: the looks wait too.
         assert not entered[2].is_set()
-        assert rec.changes_in_flight == 3 and rec.changes_busy
+        assert rec.workers.changes_in_flight == 3 and rec.workers.changes_busy
         wait = rec.look_backlog("Queue", REGION)
         assert 30.0 <= wait <= 300.0  # somewhere in the next period
         t = time.monotonic()
@@ -57,7 +57,7 @@ def test_a_look_waits_while_change_passes_fill_every_slot() -> None:
         assert t + 30.0 <= scheduler.due["q"][0] <= t + 301.0  # put off, not dropped
         release.set()
         await asyncio.gather(*tasks)
-        assert rec.changes_in_flight == 0 and not rec.changes_busy
+        assert rec.workers.changes_in_flight == 0 and not rec.workers.changes_busy
         assert rec.look_backlog("Queue", REGION) == 0.0
         assert [uid for uid, _ in scheduler._defer_busy(ready, t)] == ["q"]
 
@@ -69,12 +69,12 @@ def test_a_change_pass_that_fails_gives_its_slot_back() -> None:
 
     async def scenario() -> None:
         try:
-            async with rec._change_pass("uid"):
-                assert rec.changes_in_flight == 1
+            async with rec.workers.change_pass("uid"):
+                assert rec.workers.changes_in_flight == 1
                 raise RuntimeError("the pass failed")
         except RuntimeError:
             pass
-        assert rec.changes_in_flight == 0
+        assert rec.workers.changes_in_flight == 0
 
     asyncio.run(scenario())
 

@@ -12,9 +12,7 @@ import pytest
 from provisioner.config import Settings
 from provisioner.kinds import registry as kinds
 from provisioner.model import conditions as cond
-from provisioner.reconciler import engine as reconcile
-from provisioner.reconciler import outcome
-from provisioner.reconciler.engine import Reconciler
+from provisioner.reconciler import guardrails, outcome
 from provisioner.reconciler.outcome import backoff
 from provisioner.runtime.resync import ResyncScheduler
 
@@ -26,7 +24,7 @@ UID = "6f1c2a4e-0d2b-4c1e-9a7f-3b5d8e9f0a1b"
 
 @pytest.fixture
 def no_jitter(monkeypatch):
-    monkeypatch.setattr(reconcile.random, "uniform", lambda a, b: 1.0)
+    monkeypatch.setattr(outcome.random, "uniform", lambda a, b: 1.0)
 
 
 def test_backoff_doubles_then_caps(no_jitter):
@@ -46,7 +44,7 @@ def test_backoff_huge_retry_does_not_overflow(no_jitter):
 
 @pytest.mark.parametrize("factor", [0.8, 1.2])
 def test_backoff_jitter_extremes(monkeypatch, factor):
-    monkeypatch.setattr(reconcile.random, "uniform", lambda a, b: factor)
+    monkeypatch.setattr(outcome.random, "uniform", lambda a, b: factor)
     assert backoff(3, 1.0, 60.0) == pytest.approx(8.0 * factor)
     assert backoff(50, 1.0, 60.0) == pytest.approx(60.0 * factor)
 
@@ -58,7 +56,7 @@ def test_backoff_asks_for_plus_minus_20_percent(monkeypatch):
         seen.append((a, b))
         return a
 
-    monkeypatch.setattr(reconcile.random, "uniform", fake_uniform)
+    monkeypatch.setattr(outcome.random, "uniform", fake_uniform)
     backoff(2)
     assert seen == [(0.8, 1.2)]
 
@@ -112,7 +110,7 @@ def ready(status="True", gen=3):
 @pytest.mark.parametrize("reason", [cond.INVALID_SPEC, cond.NAME_CONFLICT])
 def test_terminal_for_generation_true(reason):
     r = resource(3, {"conditions": [ready("False"), synced("False", reason, 3)]})
-    assert Reconciler.terminal_for_generation(r) is True
+    assert guardrails.terminal_for_generation(r) is True
 
 
 @pytest.mark.parametrize(
@@ -134,12 +132,12 @@ def test_terminal_for_generation_true(reason):
     ],
 )
 def test_terminal_for_generation_false(status):
-    assert Reconciler.terminal_for_generation(resource(3, status)) is False
+    assert guardrails.terminal_for_generation(resource(3, status)) is False
 
 
 def test_settled_true():
     r = resource(4, {"observedGeneration": 4, "conditions": [synced("True", "X", 4)]})
-    assert Reconciler.settled(r) is True
+    assert guardrails.settled(r) is True
 
 
 @pytest.mark.parametrize(
@@ -154,7 +152,7 @@ def test_settled_true():
     ],
 )
 def test_settled_false(status):
-    assert Reconciler.settled(resource(4, status)) is False
+    assert guardrails.settled(resource(4, status)) is False
 
 
 def at_rest_resource(annotations=None, status=None, generation=4):
@@ -186,7 +184,7 @@ def test_at_rest_true():
         },
         {"lastReconcileRequest": "1", "lastPasswordRotation": "2"},
     )
-    assert Reconciler.at_rest(r, body) is True
+    assert guardrails.at_rest(r, body) is True
 
 
 @pytest.mark.parametrize(
@@ -206,7 +204,7 @@ def test_at_rest_false(annotations, status, generation, deleting):
     body, r = at_rest_resource(annotations, status, generation)
     if deleting:
         body["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    assert Reconciler.at_rest(r, body) is False
+    assert guardrails.at_rest(r, body) is False
 
 
 def test_resumed_resources_spread_over_one_period_after_its_first_tenth():
@@ -232,7 +230,7 @@ def test_terminal_and_settled_are_exclusive():
     for status in ("True", "False"):
         for reason in (cond.INVALID_SPEC, cond.RECONCILE_SUCCESS):
             r = resource(2, {"observedGeneration": 2, "conditions": [synced(status, reason, 2)]})
-            assert not (Reconciler.terminal_for_generation(r) and Reconciler.settled(r))
+            assert not (guardrails.terminal_for_generation(r) and guardrails.settled(r))
 
 
 def test_result_retry_message():

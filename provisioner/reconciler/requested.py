@@ -1,0 +1,71 @@
+"""Requested changes: which spec fields the user changed since the spec last handled.
+
+A field whose spec value changed since then is a requested change, applied in every case.
+Any other difference between the cloud and the spec is drift, whatever pass finds it (a
+resync, an annotation or label edit, a reconcile request, the resume after a restart):
+corrected by default, only reported under `drift-policy: report`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from provisioner.model.resource import Resource
+
+
+@dataclass(frozen=True)
+class Requested:
+    """Which spec fields the user changed since the spec last handled."""
+
+    # Top-level spec paths ("spec.visibilityTimeoutSeconds"); `everything` for a new resource.
+    paths: frozenset[str] = frozenset()
+    everything: bool = False
+
+    def covers(self, diff_field: str) -> bool:
+        """Whether a FieldDiff's field ("spec.lifecycle.expireAfterDays", "tags") was asked for."""
+        if self.everything:
+            return True
+        return _top(diff_field) in self.paths
+
+
+NOTHING_REQUESTED = Requested()
+EVERYTHING_REQUESTED = Requested(everything=True)
+
+
+def _top(diff_field: str) -> str:
+    return "spec.tags" if diff_field == "tags" else ".".join(diff_field.split(".")[:2])
+
+
+def last_handled_spec(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The spec kopf last handled successfully (its diff base in status.kopf), None if none."""
+    stored = ((body.get("status") or {}).get("kopf") or {}).get("lastHandledConfiguration")
+    if not stored:
+        return None
+    try:
+        return dict(json.loads(stored).get("spec") or {})
+    except (ValueError, AttributeError):
+        return None
+
+
+def requested_fields(
+    last_handled: Mapping[str, Any] | None, current: Mapping[str, Any]
+) -> Requested:
+    """The spec fields that differ from the spec last handled (all of them when none was)."""
+    if last_handled is None:
+        return EVERYTHING_REQUESTED
+    keys = set(last_handled) | set(current)
+    return Requested(frozenset(f"spec.{k}" for k in keys if last_handled.get(k) != current.get(k)))
+
+
+def planned(resource: Resource, requested: Requested) -> Requested:
+    """After a plan, the changes it listed count as requested (the user saw and approved
+    them), even where kopf already took the spec as handled while it was planned only."""
+    plan = resource.status.get("plan") or {}
+    if resource.plan_only or not plan.get("changes") or requested.everything:
+        return requested
+    fields = {str(c.get("field") or "") for c in plan["changes"]}
+    tops = {_top(f) for f in fields if f}
+    return Requested(requested.paths | frozenset(tops))

@@ -1,0 +1,116 @@
+"""Stage: the connection Secret. Written when its content differs; for a kind whose client
+owns a password (a database), the password too.
+
+Password order: the cloud first, then the Secret, then status. A crash after the cloud
+accepted a new password leaves the rotation (or the missing Secret) pending, so the next
+pass sets yet another password and writes that one: the Secret always ends with the
+password the cloud accepted last.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from provisioner.aws import errors
+from provisioner.crashpoints import crashpoint
+from provisioner.kinds.contract import ExternalClient, Observation, PasswordClient
+from provisioner.kube.client import Kube, valid_name
+from provisioner.model import annotations as annotation_keys
+from provisioner.model import connection_secret
+from provisioner.model.resource import Resource
+from provisioner.reconciler.progress import Progress
+from provisioner.reconciler.state import States
+from provisioner.reconciler.workers import Workers
+
+
+class ConnectionSecret:
+    def __init__(self, kube: Kube, workers: Workers, states: States) -> None:
+        self.kube = kube
+        self.workers = workers
+        self.states = states
+
+    async def write(self, p: Progress, client: ExternalClient, obs: Observation) -> None:
+        """Write the Secret if its content differs (status fields go to `p.fields`)."""
+        resource = p.resource
+        existing = await self.workers.in_thread(
+            self.kube.get_secret, resource.namespace, resource.secret_name
+        )
+        owned = existing is not None and connection_secret.owned_by(existing, resource)
+        if existing is not None and not owned:
+            # Refused before any password change: a password set in the cloud but never
+            # written would be known to nobody, and set anew at every retry.
+            connection_secret.needs_write(existing, resource, {})  # raises SecretConflict
+        data = dict(obs.connection)
+        password: str | None = None
+        if isinstance(client, PasswordClient):
+            stored = (
+                connection_secret.stored_password(
+                    existing, resource.secret_keys, partial(client.with_password, data)
+                )
+                if owned and existing
+                else None
+            )
+            password = await self._password(p, client, stored)
+            data = client.with_password(data, password)
+        try:
+            data = connection_secret.render(resource.secret_keys, data)
+        except connection_secret.TemplateError as exc:
+            raise errors.NotSupportedError(str(exc)) from None
+        if connection_secret.needs_write(existing, resource, data, password):
+            await self._put(resource, existing, connection_secret.build(resource, data, password))
+            if existing is not None or resource.status.get("connectionSecret"):
+                p.event(
+                    "Normal",
+                    "SecretWritten",
+                    f"connection Secret {resource.secret_name} restored or updated",
+                )
+        self.states.of(resource.uid).pending_password = None
+        p.fields["connectionSecret"] = resource.secret_name
+
+    async def _password(self, p: Progress, client: PasswordClient, stored: str | None) -> str:
+        """The password the Secret holds: the one stored, the one this process created the
+        database with, or a new one set in the cloud first."""
+        resource = p.resource
+        password = stored or self.states.of(resource.uid).pending_password
+        rotate = resource.rotation_pending
+        if password and not rotate:
+            return password
+        # Rotation asked, or nobody knows the password any more (Secret deleted, adopted
+        # instance, crash between create and Secret): a new one, cloud first.
+        password = connection_secret.generate_password()
+        await self.workers.write(resource.uid, client.set_password, resource, password)
+        crashpoint("after-password-set")
+        what = "rotated on request" if rotate else "reset: the Secret had none"
+        p.event("Normal", "PasswordChanged", f"master password {what}")
+        if rotate:
+            p.fields["lastPasswordRotation"] = resource.annotation(
+                annotation_keys.ROTATE_PASSWORD_AT
+            )
+        return password
+
+    async def _put(
+        self, resource: Resource, existing: dict[str, Any] | None, body: dict[str, Any]
+    ) -> None:
+        if existing is None:
+            await self.workers.in_thread(self.kube.create_secret, resource.namespace, body)
+            return
+        body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
+        await self.workers.in_thread(
+            self.kube.replace_secret, resource.namespace, resource.secret_name, body
+        )
+
+    async def delete(self, resource: Resource) -> None:
+        """Delete the Secret if it is this resource's own."""
+        if not valid_name(resource.secret_name):
+            return  # no Secret can have that name: there is none to delete
+        existing = await self.workers.in_thread(
+            self.kube.get_secret, resource.namespace, resource.secret_name
+        )
+        if existing and connection_secret.owned_by(existing, resource):
+            await self.workers.in_thread(
+                self.kube.delete_secret,
+                resource.namespace,
+                resource.secret_name,
+                existing["metadata"]["uid"],
+            )
