@@ -34,8 +34,9 @@ V1ALPHA1 = "v1alpha1"
 V1BETA1 = "v1beta1"
 SERVED = (V1ALPHA1, V1BETA1)
 HUB = V1BETA1
-# The kinds with two versions (CloudAccount, cluster-scoped, has v1alpha1 only).
-KINDS = ("DatabaseInstance", "S3Bucket", "Queue", "Topic")
+# The kinds with two versions (CloudAccount, cluster-scoped, has v1alpha1 only): those whose
+# connection Secret v1beta1 describes.
+KINDS = v1beta1_rules.KINDS
 # On the v1alpha1 form: the v1beta1 fields v1alpha1 has no place for, as JSON.
 FIELDS_ANNOTATION = f"{GROUP}/v1beta1-fields"
 # The API server's limit on all of an object's annotations together (256 KiB): a longer

@@ -14,14 +14,9 @@ from provisioner.reconciler import ownership
 from provisioner.reconciler.observe import Observer
 from provisioner.reconciler.placement import Placement
 from provisioner.reconciler.progress import Progress
-from provisioner.reconciler.requested import EVERYTHING_REQUESTED, Requested
+from provisioner.reconciler.requested import EVERYTHING_REQUESTED
 from provisioner.reconciler.state import States
 from provisioner.reconciler.workers import Workers
-
-
-def reported_only(resource: Resource, diff: FieldDiff, requested: Requested) -> bool:
-    """Drift that `drift-policy: report` leaves in place (a requested change never is)."""
-    return resource.drift_report_only and not requested.covers(diff.field)
 
 
 class Converge:
@@ -103,7 +98,7 @@ class Converge:
         if not to_write:
             return obs
         await self.workers.write(resource.uid, client.update, resource, obs, to_write)
-        self.observer.remember_writes(resource, to_write)
+        self.observer.remember_writes(resource, to_write, p.kind.settle_seconds)
         if changes:
             updated = ", ".join(d.field for d in changes)
             p.event("Normal", "Updated", f"updated {updated}")

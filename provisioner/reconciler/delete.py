@@ -4,7 +4,6 @@ waits, unless its namespace is being deleted."""
 
 from __future__ import annotations
 
-from provisioner.access.grants import Access
 from provisioner.aws import errors
 from provisioner.crashpoints import crashpoint
 from provisioner.kinds.contract import ExternalClient
@@ -14,6 +13,7 @@ from provisioner.model import conditions as cond
 from provisioner.model.resource import Resource
 from provisioner.placement.accounts import AccountRefused, pinned
 from provisioner.reconciler import guardrails, ownership
+from provisioner.reconciler.grants import Grants
 from provisioner.reconciler.observe import Observer
 from provisioner.reconciler.outcome import WAIT_BASE, WAIT_CAP, Event, Result, Verdict, backoff
 from provisioner.reconciler.placement import Placement
@@ -33,6 +33,7 @@ class Deletion:
         placement: Placement,
         observer: Observer,
         secret: ConnectionSecret,
+        grants: Grants,
     ) -> None:
         self.kube = kube
         self.clients = clients
@@ -40,15 +41,15 @@ class Deletion:
         self.placement = placement
         self.observer = observer
         self.secret = secret
+        self.grants = grants
 
-    async def delete(self, resource: Resource, retry: int, access: Access | None) -> Result:
+    async def delete(self, resource: Resource, retry: int) -> Result:
         done = Result(release_finalizer=True, for_generation=False)
         if resource.paused:
             held = await self._held_by_pause(resource, retry, done)
             if held is not None:
                 return held
-        # Only what status.access holds: it records each grant before anything is made for it.
-        access = access if resource.status.get("access") else None
+        access = self.grants.held(resource)
         if resource.deletion_policy == "Retain" and access is None:
             return await self._retain(resource, done)
         try:
@@ -61,7 +62,7 @@ class Deletion:
             return done
         if access is not None:
             # Access goes first, whatever happens to the resource itself.
-            done.events += [Event(*e) for e in await access.revoke_all(resource)]
+            done.events += await self.grants.revoke(resource, access)
         if resource.deletion_policy == "Retain":
             return await self._retain(resource, done)
         return await self._delete_in_cloud(resource, retry, done)

@@ -32,12 +32,13 @@ from provisioner.model import conditions as cond
 from provisioner.model.resource import Resource
 from provisioner.placement.accounts import Directory
 from provisioner.reconciler import guardrails, ownership, readiness
-from provisioner.reconciler.converge import Converge, reported_only
+from provisioner.reconciler.converge import Converge
 from provisioner.reconciler.delete import Deletion
 from provisioner.reconciler.dependencies import Dependencies
 from provisioner.reconciler.events import Events, status_patch
 from provisioner.reconciler.expiry import Expiry
 from provisioner.reconciler.failures import failure
+from provisioner.reconciler.grants import Grants
 from provisioner.reconciler.observe import Observer
 from provisioner.reconciler.outcome import Event, Result, Verdict, event_reference
 from provisioner.reconciler.placement import Placement
@@ -77,9 +78,6 @@ class Reconciler:
         self.clients = clients
         self.post_event = post_event
         self.directory = directory
-        # spec.access, set by whoever runs it; None: no grants are made, a resource that
-        # asks for some is told.
-        self.access: Access | None = None
         self.states = States()
         self.workers = Workers(settings.workers, settings.passes_per_namespace, self.states)
         self.placement = Placement(settings, directory, own_account, self.workers, self.states)
@@ -88,8 +86,9 @@ class Reconciler:
         self.planner = Planner(kube, self.placement, self.dependencies, self.observer)
         self.converge = Converge(kube, self.workers, self.observer, self.placement, self.states)
         self.secret = ConnectionSecret(kube, self.workers, self.states)
+        self.grants = Grants()
         self.deletion = Deletion(
-            kube, clients, self.workers, self.placement, self.observer, self.secret
+            kube, clients, self.workers, self.placement, self.observer, self.secret, self.grants
         )
         self.expiry = Expiry(kube, settings)
         self.events = Events(settings, post_event)
@@ -102,6 +101,16 @@ class Reconciler:
         self.affected = self.placement.affected
         self.emit = self.events.emit
         self.warning_seconds = self.expiry.warning_seconds
+
+    @property
+    def access(self) -> Access | None:
+        """spec.access, set by whoever runs it (None: no grants are made, a resource that
+        asks for some is told)."""
+        return self.grants.access
+
+    @access.setter
+    def access(self, access: Access | None) -> None:
+        self.grants.access = access
 
     def lock(self, uid: str) -> Any:
         """The resource's lock (held by every pass over it)."""
@@ -152,7 +161,7 @@ class Reconciler:
         resource): the fields that differ from it are the requested changes.
         """
         resource = self.resource(body)
-        requested = requested_fields(last_handled_spec, body.get("spec") or {})
+        requested = planned(resource, requested_fields(last_handled_spec, body.get("spec") or {}))
         async with self.workers.change_pass(resource.uid, resource.namespace):
             state = self.states.of(resource.uid)
             state.failed_resync = False  # the change handlers retry from here
@@ -202,7 +211,7 @@ class Reconciler:
         resource = self.resource(body)
         async with self.workers.change_pass(resource.uid, resource.namespace):
             try:
-                result = await self.deletion.delete(resource, retry, self.access)
+                result = await self.deletion.delete(resource, retry)
             except errors.NotSupportedError as exc:
                 # The endpoint has no such service, so nothing of ours can exist there.
                 await self.secret.delete(resource)
@@ -255,7 +264,9 @@ class Reconciler:
         resource = self.resource(body)
         if resource.paused:
             return None
-        requested = requested_fields(last_handled_spec(body), body.get("spec") or {})
+        requested = planned(
+            resource, requested_fields(last_handled_spec(body), body.get("spec") or {})
+        )
         result, resource = await self._pass(resource, 0, requested)
         if result.requeue_after is None:
             self.states.of(resource.uid).requeued = False  # its periodic resync may look again
@@ -268,7 +279,9 @@ class Reconciler:
             return None
         if state.requeued:
             return None  # its change handler looks again by itself, with its backoff
-        result, resource = await self._pass(resource, 0, NOTHING_REQUESTED, resync=True)
+        result, resource = await self._pass(
+            resource, 0, planned(resource, NOTHING_REQUESTED), resync=True
+        )
         result.requeue_after = None
         state.failed_resync = result.verdict.resync_retries
         return result, resource
@@ -278,7 +291,7 @@ class Reconciler:
     ) -> tuple[Result, Resource]:
         """Place the resource, then observe and converge it; every failure becomes a
         condition. Returns the outcome and the resource as placed (when it could be)."""
-        p = Progress(resource, retry, planned(resource, requested), resync)
+        p = Progress(resource, kinds.descriptor(resource.kind), retry, requested, resync)
         try:
             if resource.plan_only:
                 result, resource = await self.planner.plan(resource)
@@ -324,11 +337,9 @@ class Reconciler:
                 **obs.status,
             }
         )
-        if obs.deleting or not obs.available:
-            return readiness.not_available(p, obs)
-        pending = [d for d in obs.diffs if not reported_only(resource, d, p.requested)]
-        if pending:
-            return readiness.not_applied(p, pending)
+        waiting = readiness.waiting(p, obs)
+        if waiting is not None:
+            return waiting
         await self.secret.write(p, client, obs)
-        problem, retry = await readiness.grant(p, self.access, obs.arn)
+        problem, retry = await self.grants.grant(p, obs.arn)
         return readiness.ready(p, obs, problem, retry)

@@ -15,7 +15,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from provisioner.aws import errors
-from provisioner.kinds import registry as kinds
 from provisioner.kinds.contract import (
     BatchObserver,
     BatchTagReader,
@@ -141,8 +140,8 @@ class Observer:
         """The cloud's own answer, nothing left out (a plan, a deletion)."""
         return await self.workers.in_thread(self.clients[resource.kind].observe, resource)
 
-    def remember_writes(self, resource: Resource, written: list[FieldDiff]) -> None:
-        settle = kinds.descriptor(resource.kind).settle_seconds
+    def remember_writes(self, resource: Resource, written: list[FieldDiff], settle: float) -> None:
+        """Fields just written to a kind whose reads may lag by up to `settle` seconds."""
         if settle <= 0 or not written:
             return
         until = time.monotonic() + settle

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from provisioner.kinds.contract import KindDescriptor
 from provisioner.model import conditions as cond
 from provisioner.model.resource import Resource
 from provisioner.reconciler.outcome import Event
@@ -16,6 +17,8 @@ from provisioner.reconciler.requested import Requested
 @dataclass
 class Progress:
     resource: Resource
+    # What the pass needs to know of the resource's kind (its contract).
+    kind: KindDescriptor
     retry: int
     requested: Requested
     # A periodic look (its observation may come from a batched describe).

@@ -1,24 +1,24 @@
 """Stage: readiness. What a converged pass reports: creating, not available (yet), written
 but not applied by the cloud yet, or Ready with its Secret and grants; and when to look
-again."""
+again. What differs by kind (the state words of a resource still being made, how long a
+write may take to show) comes from the kind contract."""
 
 from __future__ import annotations
 
-from provisioner.access.grants import Access
-from provisioner.kinds import registry as kinds
 from provisioner.kinds.contract import FieldDiff, Observation
 from provisioner.model import conditions as cond
+from provisioner.model.resource import Resource
 from provisioner.reconciler.outcome import (
     CREDENTIALS_RETRY_CAP,
     RETRY_CAP,
     WAIT_BASE,
     WAIT_CAP,
-    Event,
     Result,
     Verdict,
     backoff,
 )
 from provisioner.reconciler.progress import Progress
+from provisioner.reconciler.requested import Requested
 
 
 def creating(p: Progress) -> Result:
@@ -33,9 +33,23 @@ def creating(p: Progress) -> Result:
     )
 
 
+def waiting(p: Progress, obs: Observation) -> Result | None:
+    """The Result of a resource that does not serve yet, or whose changes the cloud does not
+    show yet; None when it serves in line with the spec."""
+    if obs.deleting or not obs.available:
+        return not_available(p, obs)
+    pending = [d for d in obs.diffs if not reported_only(p.resource, d, p.requested)]
+    return not_applied(p, pending) if pending else None
+
+
+def reported_only(resource: Resource, diff: FieldDiff, requested: Requested) -> bool:
+    """Drift that `drift-policy: report` leaves in place (a requested change never is)."""
+    return resource.drift_report_only and not requested.covers(diff.field)
+
+
 def not_available(p: Progress, obs: Observation) -> Result:
     """The resource exists but does not serve yet (or any more): wait and look again."""
-    starting = obs.state in kinds.descriptor(p.resource.kind).creating_states
+    starting = obs.state in p.kind.creating_states
     return Result(
         conditions=[
             cond.Condition(
@@ -77,19 +91,6 @@ def not_applied(p: Progress, pending: list[FieldDiff]) -> Result:
     )
 
 
-async def grant(p: Progress, access: Access | None, arn: str) -> tuple[cond.Condition | None, bool]:
-    """Stage: access. The grants of spec.access (status.access, their Events); the problem
-    a grant waits on, and whether it may go away by itself."""
-    if access is None:
-        return None, False
-    granted = await access.converge(p.resource, arn)
-    if granted is None:
-        return None, False
-    p.fields["access"] = granted.entries
-    p.events += [Event(*e) for e in granted.events]
-    return granted.problem, granted.retry
-
-
 def ready(p: Progress, obs: Observation, problem: cond.Condition | None, retry: bool) -> Result:
     """Available and in line with the spec, its Secret written: Ready."""
     resource = p.resource
@@ -103,7 +104,7 @@ def ready(p: Progress, obs: Observation, problem: cond.Condition | None, retry: 
     requeue_after = None
     if obs.settling:
         # Written just now; reads may lag (SQS: up to 60 s). Look again to confirm.
-        settle = kinds.descriptor(resource.kind).settle_seconds
+        settle = p.kind.settle_seconds
         synced = (
             f"written: {', '.join(obs.settling)}; the cloud may show the previous value "
             f"for up to {settle:.0f} s"
