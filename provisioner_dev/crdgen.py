@@ -25,6 +25,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from provisioner.kinds.registry import KINDS
 from provisioner.model import v1beta1_rules
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,12 +35,8 @@ OLD, NEW = "v1alpha1", "v1beta1"
 # The values a Secret template (spec.connectionSecret.keys) may name, per kind: the table
 # the conversion checks them against.
 VALUES = v1beta1_rules.VALUES
-FILES = {
-    "DatabaseInstance": "databaseinstances.yaml",
-    "S3Bucket": "s3buckets.yaml",
-    "Queue": "queues.yaml",
-    "Topic": "topics.yaml",
-}
+# Each kind's CRD, named for its plural (crds/<plural>.yaml).
+FILES = {k.kind: f"{k.plural}.yaml" for k in KINDS}
 
 CONVERSION = """\
   conversion:
@@ -121,12 +118,8 @@ DATABASE_KEYS_RULE = """\
             spec.connectionSecret.keys: at least one template must name {{ .password }} or
             {{ .uri }}: the operator keeps the master password only in this Secret
 """
-EXAMPLES = {
-    "DatabaseInstance": "{{ .uri }}",
-    "S3Bucket": "s3://{{ .bucket }}",
-    "Queue": "{{ .queueUrl }}",
-    "Topic": "{{ .topicArn }}",
-}
+# A template shown in each kind's description of spec.connectionSecret.keys.
+EXAMPLES = v1beta1_rules.EXAMPLES
 
 STORAGE = """\
 storage:

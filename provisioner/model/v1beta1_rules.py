@@ -37,6 +37,13 @@ VALUES: dict[str, tuple[str, ...]] = {
     "Topic": ("topicArn", "topicName", "region"),
 }
 KINDS = tuple(VALUES)
+# A template of each kind, shown in the CRD's description of spec.connectionSecret.keys.
+EXAMPLES: dict[str, str] = {
+    "DatabaseInstance": "{{ .uri }}",
+    "S3Bucket": "s3://{{ .bucket }}",
+    "Queue": "{{ .queueUrl }}",
+    "Topic": "{{ .topicArn }}",
+}
 
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
