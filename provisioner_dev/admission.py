@@ -22,9 +22,10 @@ from pathlib import Path
 
 import yaml
 
+from provisioner_dev.awsenv import DEV_CREDENTIALS, DEV_REGION
 from provisioner_dev.binaries import REPO_ROOT, cached_helm, ensure_helm
+from provisioner_dev.kubectl import kubectl, run_kubectl
 from provisioner_dev.processes import wait_until
-from provisioner_dev.stack import DEV_CREDENTIALS, DEV_REGION, kubectl, run_kubectl
 
 CHART = REPO_ROOT / "deploy" / "helm" / "provisioner"
 RELEASE = "provisioner-dev"

@@ -20,7 +20,7 @@ from provisioner.aws.session import classify
 from provisioner.kinds.contract import OwnedResource
 from provisioner.kinds.registry import ERROR_CODES
 from provisioner.tools.leaks import cloud_resources
-from provisioner_dev.stack import DEV_CREDENTIALS, DEV_REGION
+from provisioner_dev.awsenv import DEV_CREDENTIALS, DEV_REGION
 
 T = TypeVar("T")
 

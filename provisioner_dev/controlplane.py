@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from provisioner_dev import pki as pki_mod
+from provisioner_dev.kubectl import run_kubectl
 from provisioner_dev.processes import StartError, fixed_port, free_port, spawn, stop, wait_until
 
 CONTEXT = "provisioner-dev"
@@ -116,8 +117,6 @@ class Endpoint:
 
 def endpoint_of(kubeconfig: str | Path) -> Endpoint:
     """The current context's API server and CA in `kubeconfig` (files or inline data)."""
-    from provisioner_dev.stack import run_kubectl
-
     result = run_kubectl(kubeconfig, "config", "view", "--minify", "--raw", "-o", "json")
     if result.returncode != 0:
         raise RuntimeError(f"cannot read {kubeconfig}: {result.stderr.strip()}")

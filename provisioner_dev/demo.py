@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import time
 
-from provisioner_dev.stack import REPO_ROOT, DevStack, kubectl
+from provisioner_dev.binaries import REPO_ROOT
+from provisioner_dev.kubectl import kubectl
+from provisioner_dev.stack import DevStack
 
 NAMESPACE = "demo"
 # Every kind of ours is in the `cloud` category.

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from provisioner_dev.awsenv import aws_env
 from provisioner_dev.awslike import AwsLikeProxy
 from provisioner_dev.binaries import ensure_binaries
 from provisioner_dev.cloudprofile import CloudProfile
@@ -37,17 +38,9 @@ from provisioner_dev.controlplane import (
     endpoint_of,
     write_token_kubeconfig,
 )
-from provisioner_dev.stack import (
-    FaultProxy,
-    MotoServer,
-    OperatorProcess,
-    WebhookProcess,
-    aws_env,
-    cluster_answers,
-    install_crds,
-    kubectl,
-    run_kubectl,
-)
+from provisioner_dev.crds import install_crds
+from provisioner_dev.kubectl import cluster_answers, kubectl, run_kubectl
+from provisioner_dev.services import FaultProxy, MotoServer, OperatorProcess, WebhookProcess
 
 if TYPE_CHECKING:
     from provisioner_dev.localstack import LocalStackServer

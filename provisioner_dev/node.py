@@ -31,6 +31,7 @@ import yaml
 
 from provisioner_dev.binaries import ensure_node
 from provisioner_dev.controlplane import NODE_GATEWAY, ControlPlane
+from provisioner_dev.kubectl import run_kubectl
 from provisioner_dev.processes import StartError, free_port, spawn, stop, wait_until
 
 BRIDGE = "provisioner0"
@@ -116,8 +117,6 @@ class Node:
             raise
 
     def kubectl(self, *args: str, check: bool = True) -> str:
-        from provisioner_dev.stack import run_kubectl
-
         result = run_kubectl(self.cp.kubeconfig, *args, timeout=60)
         if check and result.returncode != 0:
             raise NodeError(f"kubectl {' '.join(args)}: {result.stderr.strip()}")

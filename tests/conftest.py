@@ -23,9 +23,11 @@ import boto3
 import pytest
 import yaml
 
+from provisioner_dev.awsenv import aws_env
 from provisioner_dev.controlplane import ControlPlane, write_token_kubeconfig
+from provisioner_dev.kubectl import run_kubectl
 from provisioner_dev.launch import Stack
-from provisioner_dev.stack import MotoServer, OperatorProcess, aws_env, run_kubectl
+from provisioner_dev.services import MotoServer, OperatorProcess
 
 if TYPE_CHECKING:
     from provisioner_dev.localstack import LocalStackServer

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from provisioner_dev.cloud import DevCloud, inventory
-from provisioner_dev.stack import run_kubectl
+from provisioner_dev.kubectl import run_kubectl
 
 T = TypeVar("T")
 

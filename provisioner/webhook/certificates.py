@@ -21,11 +21,17 @@ import ipaddress
 import json
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from provisioner import GROUP
-from provisioner.kube.client import Kube, KubeError
+
+if TYPE_CHECKING:
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePrivateKey
+
+    from provisioner.kube.client import Kube
 
 CA_VALIDITY = datetime.timedelta(days=3650)
 CERT_VALIDITY = datetime.timedelta(days=365)
@@ -136,83 +142,180 @@ def due(certs: Certificates, names: list[str], now: datetime.datetime | None = N
     return any(end - now < RENEW_BEFORE for end in ends) or not set(names) <= set(certs.names)
 
 
+# One builder for every CA and certificate made here and by the dev control plane's PKI:
+# ECDSA P-256 keys (PKCS#8 PEM, unencrypted), SHA-256 signatures. `cryptography` is imported
+# by each function, when it runs: importing this module never loads it.
+
+
+@dataclass(frozen=True)
+class Issued:
+    """A private key and the certificate issued for it."""
+
+    key: EllipticCurvePrivateKey
+    cert: x509.Certificate
+
+    def key_pem(self) -> bytes:
+        return key_pem(self.key)
+
+    def cert_pem(self) -> bytes:
+        from cryptography.hazmat.primitives import serialization
+
+        return self.cert.public_bytes(serialization.Encoding.PEM)
+
+
+def new_key() -> EllipticCurvePrivateKey:
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def key_pem(key: EllipticCurvePrivateKey) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def subject(common_name: str, organization: str | None = None) -> x509.Name:
+    """CN=`common_name`, and O=`organization` when given (Kubernetes reads it as a group)."""
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    attrs = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+    if organization:
+        attrs.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
+    return x509.Name(attrs)
+
+
+def build_ca(
+    common_name: str,
+    *,
+    not_before: datetime.datetime,
+    not_after: datetime.datetime,
+    path_length: int | None,
+) -> Issued:
+    """A self-signed CA: basic constraints (critical, `path_length`: None for no limit) and
+    key usage digital signature, certificate and CRL signing (critical)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+
+    key = new_key()
+    name = subject(common_name)
+    usage = x509.KeyUsage(
+        digital_signature=True,
+        key_cert_sign=True,
+        crl_sign=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        encipher_only=False,
+        decipher_only=False,
+    )
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=path_length), critical=True)
+        .add_extension(usage, critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    return Issued(key, cert)
+
+
+def build_leaf(
+    ca: Issued,
+    name: x509.Name,
+    *,
+    not_before: datetime.datetime,
+    not_after: datetime.datetime,
+    server: bool,
+    dns_names: Sequence[str] = (),
+    ip_addresses: Sequence[str] = (),
+    end_entity: bool = False,
+) -> Issued:
+    """A certificate for a new key, signed by `ca`: for serving (`server`) or for client
+    authentication (extended key usage, not critical). The subject alternative names (not
+    critical) are `dns_names` then `ip_addresses`, left out when both are empty;
+    `end_entity` marks it as no CA (basic constraints, critical)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    key = new_key()
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(ca.cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+    )
+    if end_entity:
+        builder = builder.add_extension(
+            x509.BasicConstraints(ca=False, path_length=None), critical=True
+        )
+    alt: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
+    alt += [x509.IPAddress(ipaddress.ip_address(a)) for a in ip_addresses]
+    if alt:
+        builder = builder.add_extension(x509.SubjectAlternativeName(alt), critical=False)
+    usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+    builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+    return Issued(key, builder.sign(ca.key, hashes.SHA256()))
+
+
+def _reusable_ca(ca: Certificates | None, now: datetime.datetime) -> Issued | None:
+    """`ca`'s CA when it loads and lasts at least another year, else None."""
+    if ca is None:
+        return None
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    try:
+        cert = x509.load_pem_x509_certificate(ca.ca_pem)
+        key = serialization.load_pem_private_key(ca.ca_key_pem, None)
+    except ValueError:
+        return None
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        return None
+    if cert.not_valid_after_utc - now < datetime.timedelta(days=365):
+        return None
+    return Issued(key, cert)
+
+
 def generate(names: list[str], ca: Certificates | None = None) -> Certificates:
     """A serving certificate for `names` and 127.0.0.1/::1, signed by `ca`'s CA (a new CA
     when None or when that CA expires within a year)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
     now = datetime.datetime.now(datetime.UTC)
-
-    def pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-        return key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-
-    ca_cert = ca_key = None
-    if ca is not None:
-        try:
-            ca_cert = x509.load_pem_x509_certificate(ca.ca_pem)
-            loaded = serialization.load_pem_private_key(ca.ca_key_pem, None)
-            ca_key = loaded if isinstance(loaded, ec.EllipticCurvePrivateKey) else None
-        except ValueError:
-            ca_cert = ca_key = None
-        if ca_cert is not None and ca_cert.not_valid_after_utc - now < datetime.timedelta(days=365):
-            ca_cert = ca_key = None
-    if ca_cert is None or ca_key is None:
-        ca_key = ec.generate_private_key(ec.SECP256R1())
-        ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "provisioner-webhook-ca")])
-        ca_cert = (
-            x509.CertificateBuilder()
-            .subject_name(ca_name)
-            .issuer_name(ca_name)
-            .public_key(ca_key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + CA_VALIDITY)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .sign(ca_key, hashes.SHA256())
-        )
-    key = ec.generate_private_key(ec.SECP256R1())
-    alt: list[x509.GeneralName] = [x509.DNSName(n) for n in names]
-    alt += [x509.IPAddress(ipaddress.ip_address(a)) for a in ("127.0.0.1", "::1")]
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(min(now + CERT_VALIDITY, ca_cert.not_valid_after_utc))
-        .add_extension(x509.SubjectAlternativeName(alt), critical=False)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
+    not_before = now - datetime.timedelta(minutes=5)
+    issuer = _reusable_ca(ca, now) or build_ca(
+        "provisioner-webhook-ca", not_before=not_before, not_after=now + CA_VALIDITY, path_length=0
+    )
+    leaf = build_leaf(
+        issuer,
+        subject(names[0]),
+        not_before=not_before,
+        not_after=min(now + CERT_VALIDITY, issuer.cert.not_valid_after_utc),
+        server=True,
+        dns_names=names,
+        ip_addresses=("127.0.0.1", "::1"),
     )
     return Certificates(
-        ca_pem=ca_cert.public_bytes(serialization.Encoding.PEM),
-        ca_key_pem=pem_key(ca_key),
-        cert_pem=cert.public_bytes(serialization.Encoding.PEM),
-        key_pem=pem_key(key),
-        not_after=cert.not_valid_after_utc.isoformat(),
-        ca_not_after=ca_cert.not_valid_after_utc.isoformat(),
+        ca_pem=issuer.cert_pem(),
+        ca_key_pem=issuer.key_pem(),
+        cert_pem=leaf.cert_pem(),
+        key_pem=leaf.key_pem(),
+        not_after=leaf.cert.not_valid_after_utc.isoformat(),
+        ca_not_after=issuer.cert.not_valid_after_utc.isoformat(),
         names=tuple(names),
     )
 
@@ -235,6 +338,9 @@ def generate_apart(names: list[str], ca: Certificates | None = None) -> Certific
 
 def ensure(kube: Kube, namespace: str, secret_name: str, names: list[str]) -> Certificates:
     """The certificates in the Secret, written first when missing or due (see module doc)."""
+    # Here, not above: building certificates (the child process, the dev PKI) needs no client.
+    from provisioner.kube.client import KubeError
+
     for _ in range(5):
         secret = kube.get_secret(namespace, secret_name)
         certs = Certificates.from_secret(secret) if secret is not None else None

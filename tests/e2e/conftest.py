@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from provisioner_dev.stack import FaultProxy, OperatorProcess
+from provisioner_dev.services import FaultProxy, OperatorProcess
 from tests.conftest import (
     TEST_RESYNC_SECONDS,
     AwsClients,

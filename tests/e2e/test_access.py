@@ -24,7 +24,8 @@ from botocore import UNSIGNED
 from botocore.config import Config
 
 from provisioner.access import iam as iam_names
-from provisioner_dev.stack import DEV_REGION, MotoServer
+from provisioner_dev.awsenv import DEV_REGION
+from provisioner_dev.services import MotoServer
 from tests.conftest import Cluster, fresh_namespace, on_moto_only
 from tests.e2e.conftest import operators
 from tests.e2e.test_crash_safety import wait_killed

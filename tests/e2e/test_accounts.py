@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 
+from provisioner_dev.awsenv import DEV_REGION, aws_env
 from provisioner_dev.awslike import AwsLikeProxy
 from provisioner_dev.cloud import cloud_account, create_role, in_account
 from provisioner_dev.launch import OperatorProcess
 from provisioner_dev.processes import free_port
-from provisioner_dev.stack import DEV_REGION, aws_env
 from tests.conftest import (
     TEST_CLOUD,
     TEST_RESYNC_SECONDS,

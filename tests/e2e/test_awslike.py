@@ -25,8 +25,8 @@ import botocore.config
 import pytest
 
 from provisioner import FINALIZER
+from provisioner_dev.awsenv import aws_env
 from provisioner_dev.awslike import AwsLikeProxy
-from provisioner_dev.stack import aws_env
 from tests.conftest import TEST_CLOUD, Cluster
 from tests.helpers import (
     apply,

@@ -18,8 +18,9 @@ import pytest
 
 from provisioner_dev.binaries import ensure_binaries
 from provisioner_dev.controlplane import ControlPlane
+from provisioner_dev.crds import conversion_answers
+from provisioner_dev.kubectl import run_kubectl
 from provisioner_dev.processes import alive, free_port
-from provisioner_dev.stack import conversion_answers, run_kubectl
 from tests.conftest import needs_own_controlplane
 from tests.helpers import Kubectl, apply, assert_refused, events, get, wait_for, wait_ready
 

@@ -12,8 +12,8 @@ import pytest
 
 from provisioner_dev.binaries import ensure_binaries
 from provisioner_dev.controlplane import ControlPlane
+from provisioner_dev.crds import crd_names
 from provisioner_dev.processes import alive
-from provisioner_dev.stack import crd_names
 from tests.conftest import needs_own_controlplane
 from tests.e2e.test_dev_cli import dev, read_state
 from tests.helpers import Kubectl, apply, manifests, wait_for, wait_ready

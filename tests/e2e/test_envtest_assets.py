@@ -65,7 +65,7 @@ def test_dev_up_runs_on_envtest_binaries_without_a_controller_manager(assets, tm
         )
         # The CRDs are served: a custom resource can be applied and read back.
         kubeconfig = tmp_path / ".dev/kubeconfig"
-        from provisioner_dev.stack import kubectl
+        from provisioner_dev.kubectl import kubectl
 
         kubectl(kubeconfig, "create", "namespace", "t")
         kubectl(

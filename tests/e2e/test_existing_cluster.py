@@ -18,7 +18,8 @@ import pytest
 
 from provisioner_dev.binaries import ensure_binaries
 from provisioner_dev.controlplane import ControlPlane
-from provisioner_dev.stack import crd_names, run_kubectl
+from provisioner_dev.crds import crd_names
+from provisioner_dev.kubectl import run_kubectl
 from tests.conftest import needs_own_controlplane
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600), needs_own_controlplane]

@@ -37,7 +37,7 @@ import yaml
 from provisioner.kinds.registry import KINDS as REGISTERED
 from provisioner_dev.binaries import cached_helm, ensure_binaries, ensure_helm
 from provisioner_dev.controlplane import ControlPlane
-from provisioner_dev.stack import OperatorProcess
+from provisioner_dev.services import OperatorProcess
 from tests.conftest import needs_own_controlplane
 from tests.helpers import (
     Kubectl,

@@ -26,9 +26,9 @@ import pytest
 import yaml
 
 from provisioner_dev import image
+from provisioner_dev.awsenv import aws_env
 from provisioner_dev.launch import SERVICE_ACCOUNT_NAMESPACE
 from provisioner_dev.processes import free_port
-from provisioner_dev.stack import aws_env
 from tests.conftest import TEST_RESYNC_SECONDS, Cluster, shipped_cluster_role_rules
 from tests.e2e.test_observability import sample, scrape
 from tests.helpers import apply, manifests, secret_data, wait_for, wait_gone, wait_ready

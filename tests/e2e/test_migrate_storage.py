@@ -27,8 +27,9 @@ import yaml
 
 from provisioner import GROUP
 from provisioner.kinds.registry import KINDS
+from provisioner_dev.crds import CRD_DIR, install_crds
 from provisioner_dev.launch import Stack
-from provisioner_dev.stack import CRD_DIR, WebhookProcess, install_crds
+from provisioner_dev.services import WebhookProcess
 from tests.conftest import needs_own_controlplane
 from tests.helpers import Kubectl
 

@@ -22,7 +22,7 @@ from provisioner_dev import image
 from provisioner_dev.binaries import ensure_binaries, ensure_helm
 from provisioner_dev.controlplane import NODE_GATEWAY, ControlPlane
 from provisioner_dev.node import Node, cannot_run
-from provisioner_dev.stack import MotoServer
+from provisioner_dev.services import MotoServer
 from tests.conftest import aws_clients, needs_own_controlplane
 from tests.e2e.test_helm_rbac import CHART, Helm
 from tests.helpers import Kubectl, apply, manifests, wait_for, wait_ready

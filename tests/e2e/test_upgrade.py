@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
+from provisioner_dev.binaries import REPO_ROOT
 from provisioner_dev.launch import Stack
 from provisioner_dev.processes import fixed_port
-from provisioner_dev.stack import REPO_ROOT
 from tests.conftest import needs_own_controlplane, on_moto_only
 from tests.helpers import Kubectl, wait_for
 
