@@ -20,8 +20,12 @@ from typing import TYPE_CHECKING, Any
 from provisioner import config
 
 if TYPE_CHECKING:
-    from provisioner.aws.session import AwsSettings
+    import kopf
+
+    from provisioner.access.iam import AccessSettings
+    from provisioner.aws.session import Aws, AwsSettings
     from provisioner.kube.client import Kube
+    from provisioner.reconciler.engine import Reconciler
 
 
 def _fail(message: str) -> int:
@@ -66,14 +70,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     sys.modules.setdefault("kubernetes", None)  # type: ignore[arg-type]
     import kopf
 
-    from provisioner.access.grants import Access
     from provisioner.access.iam import AccessSettings
     from provisioner.aws.budget import BudgetSpecError
-    from provisioner.kinds.registry import make_aws, make_clients
-    from provisioner.kube.client import Kube
-    from provisioner.reconciler.engine import Reconciler
+    from provisioner.kinds.registry import make_aws
     from provisioner.runtime import footprint
-    from provisioner.runtime.handlers import account_directory, event_poster, register
+    from provisioner.runtime.handlers import register
     from provisioner.webhook.server import CrdError
 
     settings = config.from_args(args)
@@ -85,18 +86,52 @@ def cmd_run(args: argparse.Namespace) -> int:
         footprint.install()
     except RuntimeError as exc:  # a kopf other than the pinned one
         return _fail(str(exc))
+    _configure_logging(settings, args.verbose)
+    access_settings = AccessSettings(settings.access, settings.oidc_issuer, settings.eks_cluster)
+    if problem := access_settings.problem():
+        return _fail(problem)
+    aws = make_aws(aws_settings)
+    kube, reconciler = _reconciler(settings, aws, access_settings)
+    if settings.metrics_port:
+        _serve_metrics(settings.metrics_port, aws)
+    registry = kopf.OperatorRegistry()
+    register(registry, reconciler, settings, aws)
+    operator = _operator(settings, registry)
+    # The operator's own account (GetCallerIdentity) is asked while the operator waits for
+    # the API server, not by the first resources: one STS call per process.
+    aws.ask_own_account_in_background()
+    try:
+        asyncio.run(_with_webhook(settings, kube, operator))
+    except CrdError as exc:
+        print(f"provisioner: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _configure_logging(settings: config.Settings, verbose: bool) -> None:
+    import kopf
+
     kopf.configure(
-        verbose=args.verbose,
+        verbose=verbose,
         log_format=kopf.LogFormat.JSON if settings.log_format == "json" else kopf.LogFormat.FULL,
         log_prefix=settings.log_format != "json",
         log_refkey="object" if settings.log_format == "json" else None,
     )
     for noisy in ("botocore", "boto3", "urllib3", "kubernetes"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    access_settings = AccessSettings(settings.access, settings.oidc_issuer, settings.eks_cluster)
-    if problem := access_settings.problem():
-        return _fail(problem)
-    aws = make_aws(aws_settings)
+
+
+def _reconciler(
+    settings: config.Settings, aws: Aws, access_settings: AccessSettings
+) -> tuple[Kube, Reconciler]:
+    """The API server's client, and the reconciler of every kind with its Events' threads."""
+    from provisioner.access.grants import Access
+    from provisioner.kinds.registry import make_clients
+    from provisioner.kube.client import Kube
+    from provisioner.reconciler.engine import Reconciler
+    from provisioner.runtime.accounts_controller import account_directory
+    from provisioner.runtime.events import event_poster
+
     # Two Events per resource on its way to Ready: half as many threads as the passes', so
     # that they keep up with them when the API server answers slowly.
     event_threads = max(2, settings.workers // 2)
@@ -115,15 +150,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     reconciler.access = Access(
         access_settings, settings.cluster_id, aws, kube, reconciler.in_thread
     )
-    if settings.metrics_port:
-        from provisioner.runtime import metrics
+    return kube, reconciler
 
-        aws.sessions.listeners.append(
-            lambda account, outcome: metrics.ASSUME_ROLE.labels(account, outcome).inc()
-        )
-        metrics.serve(settings.metrics_port)
-    registry = kopf.OperatorRegistry()
-    register(registry, reconciler, settings, aws)
+
+def _serve_metrics(port: int, aws: Aws) -> None:
+    from provisioner.runtime import metrics
+
+    aws.sessions.listeners.append(
+        lambda account, outcome: metrics.ASSUME_ROLE.labels(account, outcome).inc()
+    )
+    metrics.serve(port)
+
+
+def _operator(
+    settings: config.Settings, registry: kopf.OperatorRegistry
+) -> Coroutine[Any, Any, None]:
+    """kopf's operator serving `registry` (not started yet)."""
+    import kopf
+
     logging.getLogger("provisioner").info(
         "starting: region=%s endpoint=%s cluster-id=%s namespaces=%s resync=%ss",
         settings.region,
@@ -132,7 +176,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         ",".join(settings.namespaces) or "all",
         settings.resync_seconds,
     )
-    operator = kopf.operator(
+    return kopf.operator(
         registry=registry,
         clusterwide=not settings.namespaces,
         namespaces=settings.namespaces,
@@ -140,15 +184,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         peering_name=settings.peering,
         liveness_endpoint=f"http://0.0.0.0:{settings.liveness_port}/healthz",
     )
-    # The operator's own account (GetCallerIdentity) is asked while the operator waits for
-    # the API server, not by the first resources: one STS call per process.
-    aws.ask_own_account_in_background()
-    try:
-        asyncio.run(_with_webhook(settings, kube, operator))
-    except CrdError as exc:
-        print(f"provisioner: {exc}", file=sys.stderr)
-        return 2
-    return 0
 
 
 async def _with_webhook(

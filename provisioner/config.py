@@ -194,6 +194,16 @@ def _switch(value: str) -> bool | None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    _cloud_arguments(parser)
+    _watch_arguments(parser)
+    _capacity_arguments(parser)
+    _account_arguments(parser)
+    _webhook_and_sharding_arguments(parser)
+    _identity_arguments(parser)
+
+
+def _cloud_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the cloud resources live and how they are named."""
     parser.add_argument("--region", help="AWS region (env PROVISIONER_REGION or AWS_REGION)")
     parser.add_argument(
         "--extra-regions",
@@ -206,6 +216,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cluster-id", help="put on every cloud resource as provisioner.dev/cluster"
     )
+
+
+def _watch_arguments(parser: argparse.ArgumentParser) -> None:
+    """What this replica watches, what it serves, and its peers."""
     parser.add_argument(
         "--namespace",
         action="append",
@@ -227,6 +241,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--peering-lifetime", type=int, help="seconds before a silent peer counts as dead (60)"
     )
+
+
+def _capacity_arguments(parser: argparse.ArgumentParser) -> None:
+    """How much runs at once: passes, and calls to AWS."""
     parser.add_argument("--workers", type=int, help="resources reconciled at once (default 32)")
     parser.add_argument(
         "--namespace-max-passes",
@@ -244,6 +262,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         help="how long throttling is absorbed before a call fails (default 60)",
     )
+
+
+def _account_arguments(parser: argparse.ArgumentParser) -> None:
+    """CloudAccounts, expiry, and access grants."""
     parser.add_argument(
         "--accounts",
         choices=["on", "off"],
@@ -270,6 +292,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--oidc-issuer",
         help="with --access=irsa: the cluster's OIDC issuer URL (env PROVISIONER_OIDC_ISSUER)",
     )
+
+
+def _webhook_and_sharding_arguments(parser: argparse.ArgumentParser) -> None:
+    """The conversion webhook, and sharding."""
     parser.add_argument(
         "--webhook",
         choices=["on", "off"],
@@ -293,6 +319,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="seconds after which a silent replica's resources move to the others (default 15)",
     )
+
+
+def _identity_arguments(parser: argparse.ArgumentParser) -> None:
+    """The EKS cluster of Pod Identity, and whom Events name."""
     parser.add_argument(
         "--eks-cluster",
         help="with --access=pod-identity: the EKS cluster's name (env PROVISIONER_EKS_CLUSTER)",

@@ -58,7 +58,8 @@ class ResyncScheduler:
     ) -> None:
         self.reconciler = reconciler
         self.settings = settings
-        # Events, metrics and the status patch of one resync pass (run inside its lock).
+        # Events, metrics and the status patch of one resync pass (run inside its lock,
+        # once the scheduler has tracked where the pass placed the resource).
         self.report = report
         self.peering_priority = peering_priority
         # Under sharding: whether a body is still this replica's to act on.
@@ -285,11 +286,18 @@ class ResyncScheduler:
                 body.setdefault("kind", kind)
                 return body
 
-            again = await self.reconciler.resync_current(uid, load, self.report, recheck)
+            again = await self.reconciler.resync_current(uid, load, self._reported, recheck)
             if recheck and again is not None:
                 self.recheck([uid], again)
         except Exception:  # the next period tries again
             log.exception("resync of %s %s/%s failed", kind, namespace, name)
+
+    async def _reported(
+        self, body: Mapping[str, Any], outcome: tuple[Result, Resource], started: float
+    ) -> None:
+        """Track where one resync pass placed its resource, then `report` the pass."""
+        self.track(outcome[1])
+        await self.report(body, outcome, started)
 
     async def _paused(self, namespace: str) -> bool:
         """Whether a live peer with a higher priority holds this namespace (or the cluster)."""

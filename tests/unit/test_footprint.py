@@ -123,7 +123,7 @@ def test_a_queued_body_holds_less_than_half_the_memory() -> None:
 
 def test_kopf_connections_leave_room_for_requests_beside_every_watch() -> None:
     from provisioner.config import Settings
-    from provisioner.runtime.handlers import API_REQUESTS_IN_FLIGHT, api_connection_limit
+    from provisioner.runtime.kopf_setup import API_REQUESTS_IN_FLIGHT, api_connection_limit
 
     assert API_REQUESTS_IN_FLIGHT == 8
     # Four kinds and peering in every namespace, CloudAccounts and namespaces once, plus 8.

@@ -116,7 +116,7 @@ def test_events_carry_a_reference_not_the_body() -> None:
 def test_events_waiting_for_the_api_server_are_bounded() -> None:
     from concurrent.futures import Future
 
-    from provisioner.runtime.handlers import event_poster
+    from provisioner.runtime.events import event_poster
 
     class Held:
         """An executor whose work waits until the test finishes it."""

@@ -10,7 +10,7 @@ import pytest
 
 from provisioner import config
 from provisioner.runtime import sharding
-from provisioner.runtime.handlers import _without_shard_labels
+from provisioner.runtime.kopf_setup import _without_shard_labels
 
 KEYS = [sharding.key("Queue", f"ns-{i % 7}", f"q-{i}") for i in range(3000)]
 
@@ -129,7 +129,7 @@ class FakeLeases:
 
 def test_a_member_is_dead_after_its_lease_duration_of_watching_without_a_renewal():
     kube = FakeLeases()
-    shards = sharding.Shards(kube, "ops", "ring", "a", lease_seconds=15)
+    shards = sharding.Shards(kube, "ops", "ring", "a", lease_seconds=15).sharder
     kube.renewals = {"a": "t0", "b": "t0"}
     assert shards.live_members(100.0)[0] == {"a", "b"}
     for now in range(101, 115):
@@ -144,7 +144,7 @@ def test_a_member_is_dead_after_its_lease_duration_of_watching_without_a_renewal
 
 def test_time_the_sharder_could_not_look_does_not_count():
     kube = FakeLeases()
-    shards = sharding.Shards(kube, "ops", "ring", "a", lease_seconds=15)
+    shards = sharding.Shards(kube, "ops", "ring", "a", lease_seconds=15).sharder
     kube.renewals = {"a": "t0", "b": "t0"}
     shards.live_members(100.0)
     # The API server was away for a minute: b had no chance to renew either.
@@ -182,7 +182,7 @@ def test_the_replicas_that_die_with_the_sharder_move_one_lease_duration_later():
     it takes over, 15 s after a and c stopped, they are dead 15 s after it first saw them
     silent, not 15 s after it became the sharder."""
     kube = FakeRing()
-    shards = sharding.Shards(kube, "ops", "ring", "b", lease_seconds=15)
+    shards = sharding.Shards(kube, "ops", "ring", "b", lease_seconds=15).sharder
     kube.renewals = {"a": "t0", "b": "t0", "c": "t0"}
     assert shards.lead(100.0) is False
     assert kube.lists == 0  # a live sharder: the members are not listed
@@ -201,7 +201,7 @@ def test_the_replicas_that_die_with_the_sharder_move_one_lease_duration_later():
 
 def test_a_sharder_renewing_again_stops_the_members_being_timed():
     kube = FakeRing()
-    shards = sharding.Shards(kube, "ops", "ring", "b", lease_seconds=15)
+    shards = sharding.Shards(kube, "ops", "ring", "b", lease_seconds=15).sharder
     kube.renewals = {"a": "t0", "b": "t0"}
     for now in range(100, 108):
         shards.lead(float(now))
