@@ -27,8 +27,9 @@ from provisioner.access.iam import AccessSettings  # noqa: E402
 from provisioner.aws.session import CALLS, AwsSettings  # noqa: E402
 from provisioner.kinds.registry import make_aws, parse  # noqa: E402
 from provisioner.model.resource import Resource  # noqa: E402
+from provisioner_dev.awsenv import DEV_CREDENTIALS, DEV_REGION  # noqa: E402
 from provisioner_dev.serviceaccounts import MemoryServiceAccounts  # noqa: E402
-from provisioner_dev.stack import DEV_CREDENTIALS, DEV_REGION, MotoServer  # noqa: E402
+from provisioner_dev.services import MotoServer  # noqa: E402
 
 ISSUER = "https://oidc.bench.example/id/BENCH"
 

@@ -39,6 +39,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -46,9 +47,11 @@ if str(ROOT) not in sys.path:
 
 from bench.lib import log, stop_on_signals  # noqa: E402
 from bench.lib.measure import source_fingerprint  # noqa: E402
+from bench.lib.options import Options  # noqa: E402
 from bench.lib.profile import PySpy, profile_text, summarize_profile  # noqa: E402
 from bench.lib.report import figures, summary, table  # noqa: E402
-from bench.lib.run import Bench, Options  # noqa: E402
+from bench.lib.run import run  # noqa: E402
+from bench.lib.session import Bench  # noqa: E402
 from bench.lib.workload import MIX_NAMES, split_mix  # noqa: E402
 from provisioner_dev.cloudprofile import (  # noqa: E402
     PROFILES,
@@ -67,6 +70,27 @@ def parse_args(argv: list[str] | None) -> Options:
         prog="bench/converge.py",
         description="Convergence benchmark of the provisioner operator (see bench/README.md).",
     )
+    add_phase_arguments(p)
+    add_run_arguments(p)
+    add_profile_arguments(p)
+    p.epilog = f"aws-like profile: {names_help()}"
+    a = p.parse_args(argv)
+    if a.n < 1 or a.namespaces < 1:
+        p.error("--n and --namespaces must be >= 1")
+    if a.accounts < 0 or (a.accounts and a.changes):
+        p.error("--accounts needs --changes 0 (changes are checked in the operator's account)")
+    if a.replicas < 1:
+        p.error("--replicas must be >= 1")
+    if (a.replicas > 1 or a.sharding) and a.restart:
+        p.error("--replicas/--sharding need --restart 0 (the restart phase restarts one operator)")
+    a.sharding = a.sharding or a.replicas > 1
+    parse_cloud_profile(a.cloud_profile, a.time_scale, a.duration, a.throttle)
+    # Every option's dest is a field of Options.
+    return Options(**{**vars(a), "py_spy": a.py_spy.resolve() if a.py_spy else None})
+
+
+def add_phase_arguments(p: argparse.ArgumentParser) -> None:
+    """What is created, and what each phase does."""
     p.add_argument("--n", type=int, default=1000, help="number of CRs (default 1000)")
     even = ":".join("1" for _ in MIX_NAMES.split(":"))
     p.add_argument("--mix", default=even, help=f"{MIX_NAMES} weights (default {even})")
@@ -107,6 +131,10 @@ def parse_args(argv: list[str] | None) -> Options:
     p.add_argument("--create-workers", type=int, default=16, help="threads for api (16)")
     p.add_argument("--change-workers", type=int, default=4, help="changes in flight (4)")
     p.add_argument("--seed", type=int, default=1, help="for the kind order and the changes")
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """py-spy, the operator's replicas, the work directory and the cloud."""
     p.add_argument(
         "--py-spy",
         type=Path,
@@ -140,21 +168,6 @@ def parse_args(argv: list[str] | None) -> Options:
         help=f"{' or '.join(PROFILES)}: moto as it is (default), or behind the aws-like proxy "
         "(AWS's slow states, name holds and throttling; provisioner_dev/profiles/aws-like.yaml)",
     )
-    add_profile_arguments(p)
-    p.epilog = f"aws-like profile: {names_help()}"
-    a = p.parse_args(argv)
-    if a.n < 1 or a.namespaces < 1:
-        p.error("--n and --namespaces must be >= 1")
-    if a.accounts < 0 or (a.accounts and a.changes):
-        p.error("--accounts needs --changes 0 (changes are checked in the operator's account)")
-    if a.replicas < 1:
-        p.error("--replicas must be >= 1")
-    if (a.replicas > 1 or a.sharding) and a.restart:
-        p.error("--replicas/--sharding need --restart 0 (the restart phase restarts one operator)")
-    a.sharding = a.sharding or a.replicas > 1
-    parse_cloud_profile(a.cloud_profile, a.time_scale, a.duration, a.throttle)
-    # Every option's dest is a field of Options.
-    return Options(**{**vars(a), "py_spy": a.py_spy.resolve() if a.py_spy else None})
 
 
 def parse_cloud_profile(
@@ -198,30 +211,60 @@ def main(argv: list[str] | None = None) -> int:
     # has no such limit on automated snapshots. Its server inherits this environment.
     os.environ.setdefault("MOTO_RDS_SNAPSHOT_LIMIT", "1000000")
     stack = Stack(dir=workdir, record=True, cloud_profile=cloud, cloud_seed=opts.seed)
-    bench: Bench | None = None
     code = 1
-    keep_dir = opts.keep or opts.workdir is not None
     load = os.getloadavg()
     try:
-        source = source_fingerprint()
-        what = "moto" if cloud is None else f"moto behind the {cloud.name} proxy"
-        log(f"starting the control plane, {what} and the operator in {workdir}")
-        newest = f"{source['newest']} {source['newest_mtime']}"
-        log(f"operator source {source['sha256']} (newest file: {newest})")
-        started = time.monotonic()
-        stack.start()
-        for args, extra_env, log_name in replica_runs(opts):
-            stack.start_operator(
-                args=args,
-                env=extra_env,
-                cluster_id="bench",
-                log=(stack.log_dir or stack.dir) / log_name,
-            )
-        setup_seconds = time.monotonic() - started
-        log(f"up in {setup_seconds:.1f}s; pids {stack.pids()}")
-        api = KubeJson(stack.kubeconfig, pool_size=max(32, opts.create_workers))
-        bench = Bench(opts, stack, api)
-        bench.run()
+        code = measure(opts, stack, cloud, counts, workdir, load)
+    except KeyboardInterrupt:
+        log("interrupted; stopping everything")
+        code = 130
+    except Exception:  # noqa: BLE001 - reported; the stack is stopped below
+        traceback.print_exc()
+        code = 1
+    finally:
+        stop_or_keep(opts, stack, workdir, code)
+    return code
+
+
+def start_stack(
+    opts: Options, stack: Stack, cloud: CloudProfile | None, workdir: Path, source: dict[str, Any]
+) -> float:
+    """The control plane, moto (behind the aws-like proxy if asked) and the operator(s):
+    the seconds that took."""
+    what = "moto" if cloud is None else f"moto behind the {cloud.name} proxy"
+    log(f"starting the control plane, {what} and the operator in {workdir}")
+    newest = f"{source['newest']} {source['newest_mtime']}"
+    log(f"operator source {source['sha256']} (newest file: {newest})")
+    started = time.monotonic()
+    stack.start()
+    for args, extra_env, log_name in replica_runs(opts):
+        stack.start_operator(
+            args=args,
+            env=extra_env,
+            cluster_id="bench",
+            log=(stack.log_dir or stack.dir) / log_name,
+        )
+    setup_seconds = time.monotonic() - started
+    log(f"up in {setup_seconds:.1f}s; pids {stack.pids()}")
+    return setup_seconds
+
+
+def measure(
+    opts: Options,
+    stack: Stack,
+    cloud: CloudProfile | None,
+    counts: dict[str, int],
+    workdir: Path,
+    load: tuple[float, float, float],
+) -> int:
+    """The stack started, the benchmark run, its table printed (and its JSON written): the
+    exit status."""
+    source = source_fingerprint()
+    setup_seconds = start_stack(opts, stack, cloud, workdir, source)
+    api = KubeJson(stack.kubeconfig, pool_size=max(32, opts.create_workers))
+    bench = Bench(opts, stack, api)
+    try:
+        run(bench)
         results = bench.results
         doc = figures(opts, counts, results, source)
         failed = bool(bench.timeouts or bench.errors)
@@ -244,51 +287,58 @@ def main(argv: list[str] | None = None) -> int:
             "cloud_profile": None if cloud is None else {"name": cloud.name, "args": cloud.args},
             "details": results,
             "profile": profile,
-            "workdir": str(workdir) if keep_dir or code else None,
+            "workdir": str(workdir) if opts.keep or opts.workdir is not None or code else None,
         }
-        print(table(doc))
-        if profile:
-            print()
-            print(profile_text(profile))
-        if "assume_role_calls" in results:
-            restarts = 1 if opts.restart > 0 else 0
-            print(
-                f"AssumeRole calls: {results['assume_role_calls']} for {opts.n} CRs over "
-                f"{opts.accounts} accounts ({1 + restarts} operator process"
-                f"{'es' if restarts else ''})"
-            )
-        for problem in bench.timeouts + bench.errors[:10]:
-            print(f"FAILED: {problem}")
-        if leaked and "cloud_resources_left" in results:
-            print(f"FAILED: cloud resources left: {results['cloud_resources_left']}")
+        print_report(opts, bench, doc, profile, leaked)
         if opts.json_path:
             opts.json_path.write_text(json.dumps(document, indent=2) + "\n")
-    except KeyboardInterrupt:
-        log("interrupted; stopping everything")
-        code = 130
-    except Exception:  # noqa: BLE001 - reported; the stack is stopped below
-        traceback.print_exc()
-        code = 1
+        return code
     finally:
-        if bench is not None and bench.spy is not None:
+        if bench.spy is not None:
             bench.spy.stop()
-        if opts.keep and stack.cloud.proc is not None:
-            pids = stack.pids()
-            env = workdir / "env"
-            stack.write_env(env)
-            log(f"--keep: left running: {pids}; `source {env}`")
-            ids = ", ".join(str(pid) for pid in reversed(pids.values()))
-            log(
-                "stop with: .venv/bin/python -c 'from provisioner_dev.processes import stop; "
-                f"[stop(p) for p in ({ids})]'"
-            )
+
+
+def print_report(
+    opts: Options, bench: Bench, doc: dict[str, Any], profile: dict[str, Any] | None, leaked: bool
+) -> None:
+    """The table, the profile, AssumeRole calls and what failed."""
+    results = bench.results
+    print(table(doc))
+    if profile:
+        print()
+        print(profile_text(profile))
+    if "assume_role_calls" in results:
+        restarts = 1 if opts.restart > 0 else 0
+        print(
+            f"AssumeRole calls: {results['assume_role_calls']} for {opts.n} CRs over "
+            f"{opts.accounts} accounts ({1 + restarts} operator process"
+            f"{'es' if restarts else ''})"
+        )
+    for problem in bench.timeouts + bench.errors[:10]:
+        print(f"FAILED: {problem}")
+    if leaked and "cloud_resources_left" in results:
+        print(f"FAILED: cloud resources left: {results['cloud_resources_left']}")
+
+
+def stop_or_keep(opts: Options, stack: Stack, workdir: Path, code: int) -> None:
+    """With --keep: leave everything running and say how to stop it; else stop the stack,
+    and remove its directory after a clean run without --workdir."""
+    if opts.keep and stack.cloud.proc is not None:
+        pids = stack.pids()
+        env = workdir / "env"
+        stack.write_env(env)
+        log(f"--keep: left running: {pids}; `source {env}`")
+        ids = ", ".join(str(pid) for pid in reversed(pids.values()))
+        log(
+            "stop with: .venv/bin/python -c 'from provisioner_dev.processes import stop; "
+            f"[stop(p) for p in ({ids})]'"
+        )
+    else:
+        stack.stop()
+        if code == 0 and not (opts.keep or opts.workdir is not None):
+            stack.remove()
         else:
-            stack.stop()
-            if code == 0 and not keep_dir:
-                stack.remove()
-            else:
-                log(f"logs and data kept in {workdir}")
-    return code
+            log(f"logs and data kept in {workdir}")
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.lib import Failure, log, stop_on_signals  # noqa: E402
+from bench.lib.listwatch import ListWatch  # noqa: E402
 from bench.lib.measure import operator_pid, proc_status_kib, watching  # noqa: E402
 from bench.lib.workload import ready_condition  # noqa: E402
 from provisioner import API_VERSION  # noqa: E402
@@ -58,21 +59,35 @@ class ReadyWatch:
     """The monotonic time each Queue was first seen Ready, from one cluster-wide WATCH."""
 
     def __init__(self, api: KubeJson) -> None:
-        self.api = api
         self.ready: dict[tuple[str, str], float] = {}
-        self.errors: list[str] = []
         self._changed = threading.Condition()
-        self._stop = threading.Event()
-        self._listed = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="ready-watch", daemon=True)
+        self.watch = ListWatch(
+            api,
+            {"queues": QUEUES},
+            self._listed,
+            self._event,
+            thread_name="ready-watch",
+            watch_seconds=60,
+        )
+
+    @property
+    def errors(self) -> list[str]:
+        return self.watch.errors
 
     def start(self) -> None:
-        self._thread.start()
-        if not self._listed.wait(60):
+        if not self.watch.start().wait_listed(60):
             raise Failure(f"cannot list the Queues: {self.errors[:1]}")
 
     def stop(self) -> None:
-        self._stop.set()
+        self.watch.stop(wait=0.0)
+
+    def _listed(self, _: str, items: list[dict[str, Any]], at: float) -> None:
+        for item in items:
+            self._seen(item)
+
+    def _event(self, _: str, kind: str, obj: dict[str, Any]) -> None:
+        if kind in ("ADDED", "MODIFIED"):
+            self._seen(obj)
 
     def _seen(self, item: dict[str, Any]) -> None:
         cond = ready_condition(item)
@@ -84,29 +99,6 @@ class ReadyWatch:
             if key not in self.ready:
                 self.ready[key] = time.monotonic()
                 self._changed.notify_all()
-
-    def _run(self) -> None:
-        version = ""
-        while not self._stop.is_set():
-            try:
-                if not version:
-                    listing = self.api.json("GET", QUEUES)
-                    for item in listing.get("items") or []:
-                        self._seen(item)
-                    version = str(listing["metadata"]["resourceVersion"])
-                    self._listed.set()
-                for event in self.api.watch(QUEUES, version, timeout_seconds=60):
-                    obj = event.get("object") or {}
-                    if event.get("type") == "ERROR":
-                        version = ""
-                        break
-                    version = (obj.get("metadata") or {}).get("resourceVersion") or version
-                    if event.get("type") in ("ADDED", "MODIFIED"):
-                        self._seen(obj)
-            except Exception as exc:  # noqa: BLE001 - listed again after a pause
-                self.errors.append(str(exc)[:300])
-                version = ""
-                self._stop.wait(0.5)
 
     def wait(self, keys: list[tuple[str, str]], timeout: float) -> bool:
         """Whether every one of `keys` was seen Ready within `timeout` seconds."""

@@ -33,7 +33,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.lib.recording import overlapping, replica_turns  # noqa: E402
-from bench.lib.synced import SyncedWatch, describe  # noqa: E402
+from bench.lib.soak_operators import CLUSTER_ID, Operators, log  # noqa: E402
+from bench.lib.soak_table import Soaked, print_table  # noqa: E402
+from bench.lib.synced import SyncedWatch  # noqa: E402
 from bench.lib.workload import ready_condition  # noqa: E402
 from provisioner import API_VERSION  # noqa: E402
 from provisioner.kinds.registry import KINDS as REGISTERED  # noqa: E402
@@ -53,12 +55,11 @@ from provisioner_dev.cloudprofile import (  # noqa: E402
     add_profile_arguments,
     requested_profile,
 )
+from provisioner_dev.kubectl import run_kubectl  # noqa: E402
 from provisioner_dev.kubejson import KubeJson  # noqa: E402
 from provisioner_dev.launch import Stack  # noqa: E402
 from provisioner_dev.samples import SAMPLES  # noqa: E402
-from provisioner_dev.stack import OperatorProcess, run_kubectl  # noqa: E402
 
-CLUSTER_ID = "soak"
 # Every registered kind, with its sample spec (deleted without a final snapshot), the change
 # made to each, and the manifests the API server must refuse.
 KINDS = {
@@ -67,18 +68,19 @@ KINDS = {
 }
 UPDATES = {k: json.dumps(SAMPLES[k].change(3)[0]) for k in KINDS}
 INVALID = [(k, spec) for k in KINDS for spec in SAMPLES[k].invalid]
-
-
-def shard_name(op: OperatorProcess) -> str | None:
-    return next((a.split("=", 1)[1] for a in op.extra_args if a.startswith("--shard-name=")), None)
+# What must be 0 at the end (figures).
+MUST_BE_NONE = (
+    "duplicates",
+    "leaks",
+    "stuck terminating",
+    "secrets missing",
+    "created for invalid",
+    "acted on by two at once",
+)
 
 
 def is_ready(item: dict) -> bool:
     return (ready_condition(item) or {}).get("status") == "True"
-
-
-def log(message: str) -> None:
-    print(f"[soak {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 class Soak:
@@ -98,11 +100,10 @@ class Soak:
         self.api: KubeJson | None = None
         self.synced: SyncedWatch | None = None
         self.cloud: DevCloud | None = None
-        self.lock = threading.Lock()
-        self.kills = 0
-        self.generation = 0  # shard names handed out (--replicas)
-        self.stop_killing = threading.Event()
         self.figures: Counter[str] = Counter()
+        self.operators = Operators(
+            self.stack, args, self.rng, self.figures, self.busy_shards, self.dir
+        )
         self.names: list[tuple[str, str, str]] = []  # (kind, namespace, name)
         # --accounts: the CloudAccounts' ids, and a view of each account's cloud.
         self.account_ids = [f"{100000000001 + i}" for i in range(args.accounts)]
@@ -125,59 +126,6 @@ class Soak:
             raise RuntimeError(f"kubectl {' '.join(args[:3])}: {result.stderr.strip()}")
         return result
 
-    def killer(self) -> None:
-        """SIGKILL an operator at random moments and bring it back. Sharded (--replicas), the
-        one that comes back has a new shard name, as a Deployment's new pod does: every kill
-        is a replica leaving without a word and another joining; and the one killed is one
-        holding work (a Ready resource labelled with its name, which it has called the cloud
-        for), so that every kill hands something over. An operator that exited by
-        itself (a sharded one whose Lease could not be renewed while the API server was
-        down) is started again, as the kubelet would."""
-        while not self.stop_killing.wait(self.rng.uniform(self.args.kill_min, self.args.kill_max)):
-            with self.lock:
-                self.revive()
-                if self.kills >= self.args.kills:
-                    continue
-                running = [op for op in self.stack.operators if op.proc is not None]
-                if self.args.replicas:
-                    busy = self.busy_shards()
-                    running = [op for op in running if shard_name(op) in busy]
-                if not running:
-                    continue
-                op = self.rng.choice(running)
-                op.stop(kill=True)
-                self.kills += 1
-                log(f"killed an operator ({self.kills}/{self.args.kills})")
-                self.start_replica(op)
-
-    def start_replica(self, op: OperatorProcess | None = None) -> None:
-        """Start `op` again (a new shard name when sharded), or a new operator."""
-        if not self.args.replicas:
-            if op is None:
-                self.stack.start_operator(
-                    args=["--resync-seconds=30"], cluster_id=CLUSTER_ID, timeout=120
-                )
-            else:
-                op.start(timeout=120)
-            return
-        self.generation += 1
-        name = f"r{self.generation}"
-        args = ["--resync-seconds=30", "--sharding=on", f"--shard-name={name}"]
-        env = {"PROVISIONER_NAMESPACE": "default", "AWS_SDK_UA_APP_ID": name}
-        log_file = self.dir / f"operator-{name}.log"
-        if op is None:
-            self.stack.start_operator(
-                args=args, env=env, cluster_id=CLUSTER_ID, timeout=120, log=log_file
-            )
-        else:
-            op.extra_args = [
-                *(a for a in op.extra_args if not a.startswith("--shard-name=")),
-                f"--shard-name={name}",
-            ]
-            op.extra_env = {**op.extra_env, **env}
-            op.log = log_file
-            op.start(timeout=120)
-
     def busy_shards(self) -> set[str]:
         """The shard names that own a Ready resource."""
         return {
@@ -185,15 +133,6 @@ class Soak:
             for item in self.listing()
             if is_ready(item)
         }
-
-    def revive(self) -> None:
-        """Start again every operator whose process has exited by itself."""
-        for op in self.stack.operators:
-            if op.proc is not None and op.proc.poll() is not None:
-                log(f"an operator exited by itself ({op.proc.returncode}): starting it again")
-                self.figures["operator exits"] += 1
-                op.proc = None
-                self.start_replica(op)
 
     def owners(self) -> Counter[str]:
         """owner-uid -> number of cloud resources carrying it (our cluster only)."""
@@ -254,7 +193,7 @@ class Soak:
                 self.apply_invalid(kind, spec)
             if not restarted and b >= len(batches) // 2:
                 log("restarting kube-apiserver")
-                with self.lock:  # no operator restart may take the port while it is free
+                with self.operators.lock:  # no operator restart may take the port while it is free
                     self.stack.controlplane.restart_apiserver()
                 restarted = True
                 self.figures["apiserver restarts"] += 1
@@ -291,12 +230,54 @@ class Soak:
 
     def run(self) -> int:
         started = time.monotonic()
+        synced = self.start()
+        killer = threading.Thread(target=self.operators.killer, daemon=True)
+        killer.start()
+        log(f"creating {self.args.n} resources in {self.args.namespaces} namespaces")
+        self.create()
+        t_ready = self.wait(lambda: self.not_ready(1), "all Ready")
+        cloud_names = self.count_created()
+
+        synced.phase = "update"
+        log("updating every resource")
+        for kind, ns, name in self.names:
+            self.kubectl(
+                "patch", KINDS[kind][0], name, "-n", ns, "--type=merge", "-p", UPDATES[kind]
+            )
+        t_updated = self.wait(lambda: self.not_ready(2), "all updates reconciled")
+
+        synced.phase = "delete"
+        log("deleting every resource")
+        for i in range(self.args.namespaces):
+            self.kubectl(
+                "delete",
+                ",".join(p for p, _ in KINDS.values()),
+                "--all",
+                "-n",
+                f"soak-{i}",
+                "--wait=false",
+            )
+        t_deleted = self.wait(lambda: len(self.listing()), "all deleted")
+        self.operators.stop_killing.set()
+        killer.join(timeout=180)
+        self.count_left(cloud_names)
+        assert self.stack.proxy is not None
+        stats = self.stack.proxy.stats()
+        synced.stop()
+        seen = synced.summary()
+        cloud = self.stack.awslike.stats() if self.stack.awslike is not None else None
+        times = (t_ready, t_updated, t_deleted, time.monotonic() - started)
+        print_table(self.soaked(stats, seen, cloud, *times))
+        return self.verdict(seen, times)
+
+    def start(self) -> SyncedWatch:
+        """The stack, the accounts, the operator(s), and the watch of every Synced=False."""
         self.stack.start()
         self.api = KubeJson(self.stack.kubeconfig, transient_seconds=60)
         self.cloud = DevCloud(self.stack.cloud.url)
         self.create_accounts()
         for _ in range(max(1, self.args.replicas)):
-            self.start_replica()
+            self.operators.start_replica()
         namespaces = {f"soak-{i}" for i in range(self.args.namespaces)}
         synced = self.synced = SyncedWatch(
             KubeJson(self.stack.kubeconfig, transient_seconds=60),
@@ -305,11 +286,12 @@ class Soak:
         )
         synced.phase = "create"
         synced.start().wait_listed()
-        killer = threading.Thread(target=self.killer, daemon=True)
-        killer.start()
-        log(f"creating {self.args.n} resources in {self.args.namespaces} namespaces")
-        self.create()
-        t_ready = self.wait(lambda: self.not_ready(1), "all Ready")
+        return synced
+
+    def count_created(self) -> list[str]:
+        """At all Ready: duplicates and missing ones in the cloud, missing Secrets, what was
+        made of invalid manifests. The cloud names of the resources."""
+        assert self.api is not None
         owners = self.owners()
         cloud_names = [
             str(item["status"]["externalName"])
@@ -335,67 +317,18 @@ class Soak:
             1 for item in self.listing() if item["metadata"]["name"].startswith("bad-")
         )
         self.figures["created for invalid"] = created_for_invalid
+        return cloud_names
 
-        synced.phase = "update"
-        log("updating every resource")
-        for kind, ns, name in self.names:
-            self.kubectl(
-                "patch", KINDS[kind][0], name, "-n", ns, "--type=merge", "-p", UPDATES[kind]
-            )
-        t_updated = self.wait(lambda: self.not_ready(2), "all updates reconciled")
-
-        synced.phase = "delete"
-        log("deleting every resource")
-        for i in range(self.args.namespaces):
-            self.kubectl(
-                "delete",
-                ",".join(p for p, _ in KINDS.values()),
-                "--all",
-                "-n",
-                f"soak-{i}",
-                "--wait=false",
-            )
-        t_deleted = self.wait(lambda: len(self.listing()), "all deleted")
-        self.stop_killing.set()
-        killer.join(timeout=180)
+    def count_left(self, cloud_names: list[str]) -> None:
+        """After the deletes: CRs stuck, cloud resources left, and (sharded) the handovers."""
         self.figures["stuck terminating"] = len(self.listing())
         self.figures["leaks"] = sum(self.owners().values())
         if self.args.replicas and self.stack.recording is not None:
             turns = replica_turns(self.stack.recording, cloud_names)
             self.figures["handovers"] = sum(max(0, len(t) - 1) for t in turns.values())
             self.figures["acted on by two at once"] = len(overlapping(turns))
-        assert self.stack.proxy is not None
-        stats = self.stack.proxy.stats()
-        synced.stop()
-        seen = synced.summary()
-        cloud = self.stack.awslike.stats() if self.stack.awslike is not None else None
-        self.print_table(
-            stats, seen, cloud, t_ready, t_updated, t_deleted, time.monotonic() - started
-        )
-        bad = [
-            key
-            for key in (
-                "duplicates",
-                "leaks",
-                "stuck terminating",
-                "secrets missing",
-                "created for invalid",
-                "acted on by two at once",
-            )
-            if self.figures[key] > 0
-        ]
-        if seen["throttling"]:
-            bad.append("Synced=False from throttling")
-        if self.figures["invalid refused"] != self.figures["invalid applied"]:
-            bad.append("invalid accepted")
-        if min(t_ready, t_updated, t_deleted) < 0:
-            bad.append("timeout")
-        if bad:
-            log(f"FAILED: {', '.join(bad)} (data kept in {self.dir})")
-            return 1
-        return 0
 
-    def print_table(
+    def soaked(
         self,
         stats: dict,
         synced: dict,
@@ -404,101 +337,42 @@ class Soak:
         t_updated: float,
         t_deleted: float,
         total: float,
-    ) -> None:
-        n = self.args.n
-        profile = "instant (moto as it is)"
-        if cloud is not None:
-            profile = f"{cloud['profile']}, time scale {cloud['time_scale']:g}"
-        rows = [
-            ("CRs", f"{n} ({self.args.namespaces} namespaces, even mix of {len(KINDS)} kinds)"),
-            ("AWS accounts", str(len(self.account_ids) or "the operator's own")),
-            ("cloud profile", profile),
-            (
-                "operators",
-                f"{self.args.replicas} sharded ({self.generation} shard names over the run)"
-                if self.args.replicas
-                else "1",
-            ),
-            ("operator kills (SIGKILL)", str(self.kills)),
-            ("operator exits by themselves", str(self.figures["operator exits"])),
-            ("API-server restarts", str(self.figures["apiserver restarts"])),
-            ("AWS calls", f"{stats['total']} ({stats['total'] / n:.1f} per CR)"),
-            (
-                "injected AWS faults",
-                f"{stats['injected']} ({100 * stats['injected'] / max(1, stats['total']):.0f}%): "
-                + ", ".join(
-                    f"{k} {v}" for k, v in sorted(stats["by_outcome"].items()) if k != "forwarded"
-                ),
-            ),
-            *(
-                []
-                if cloud is None
-                else [
-                    (
-                        "aws-like: calls, throttled, refused",
-                        f"{cloud['calls']}, {cloud['throttles']}, {cloud['refusals']}"
-                        + "".join(
-                            f"; {k} {v}" for k, v in sorted(cloud["refusals_by_action"].items())
-                        ),
-                    )
-                ]
-            ),
-            ("Synced=False seen (WATCH)", describe(synced)),
-            (
-                "invalid manifests refused",
-                f"{self.figures['invalid refused']} of {self.figures['invalid applied']}",
-            ),
-            ("created for invalid manifests", str(self.figures["created for invalid"])),
-            *(
-                [
-                    (
-                        "handovers (AWS calls by a new replica)",
-                        str(self.figures["handovers"]),
-                    ),
-                    (
-                        "resources acted on by two replicas at once",
-                        str(self.figures["acted on by two at once"]),
-                    ),
-                ]
-                if self.args.replicas
-                else []
-            ),
-            ("duplicates", str(self.figures["duplicates"])),
-            ("leaks", str(self.figures["leaks"])),
-            ("stuck Terminating", str(self.figures["stuck terminating"])),
-            ("Secrets missing", str(self.figures["secrets missing"])),
-            ("time to all Ready", f"{t_ready:.1f} s"),
-            ("time to all updated", f"{t_updated:.1f} s"),
-            ("time to all deleted", f"{t_deleted:.1f} s"),
-            ("time taken", f"{total:.1f} s"),
-        ]
-        width = max(len(k) for k, _ in rows)
-        print()
-        for key, value in rows:
-            print(f"{key.ljust(width)}  {value}")
-        if self.args.json:
-            Path(self.args.json).write_text(
-                json.dumps(
-                    {
-                        "kills": self.kills,
-                        "aws": stats,
-                        "cloud_profile": cloud,
-                        "synced_false": synced,
-                        **self.figures,
-                        "ready_s": t_ready,
-                        "updated_s": t_updated,
-                        "deleted_s": t_deleted,
-                        "total_s": total,
-                    },
-                    indent=2,
-                )
-            )
+    ) -> Soaked:
+        return Soaked(
+            args=self.args,
+            kinds=len(KINDS),
+            accounts=len(self.account_ids),
+            kills=self.operators.kills,
+            generation=self.operators.generation,
+            figures=self.figures,
+            stats=stats,
+            synced=synced,
+            cloud=cloud,
+            t_ready=t_ready,
+            t_updated=t_updated,
+            t_deleted=t_deleted,
+            total=total,
+        )
+
+    def verdict(self, seen: dict, times: tuple[float, float, float, float]) -> int:
+        """1 (and why, in the log) if anything must-be-none was seen or a phase timed out."""
+        bad = [key for key in MUST_BE_NONE if self.figures[key] > 0]
+        if seen["throttling"]:
+            bad.append("Synced=False from throttling")
+        if self.figures["invalid refused"] != self.figures["invalid applied"]:
+            bad.append("invalid accepted")
+        if min(times[:3]) < 0:
+            bad.append("timeout")
+        if bad:
+            log(f"FAILED: {', '.join(bad)} (data kept in {self.dir})")
+            return 1
+        return 0
 
     def close(self) -> None:
-        self.stop_killing.set()
+        self.operators.stop_killing.set()
         if self.synced is not None:
             self.synced.stop()
-        with self.lock:
+        with self.operators.lock:
             self.stack.stop()
         if not self.args.keep:
             self.stack.remove()

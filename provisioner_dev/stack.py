@@ -19,11 +19,10 @@ import time
 from pathlib import Path
 
 from provisioner_dev import admission
-from provisioner_dev.awsenv import DEV_CREDENTIALS, DEV_REGION, aws_env
+from provisioner_dev.awsenv import aws_env
 from provisioner_dev.awslike import AwsLikeProxy
-from provisioner_dev.binaries import REPO_ROOT
 from provisioner_dev.cloudprofile import CloudProfile
-from provisioner_dev.crds import CRD_DIR, conversion_answers, crd_names, install_crds
+from provisioner_dev.crds import install_crds
 from provisioner_dev.devstate import (
     CONTROLLER_MANAGER,
     MOTO,
@@ -34,37 +33,16 @@ from provisioner_dev.devstate import (
     record,
 )
 from provisioner_dev.external_cluster import check_cluster, remove_from_cluster
-from provisioner_dev.kubectl import cluster_server, kubectl, run_kubectl
+from provisioner_dev.kubectl import cluster_server
 from provisioner_dev.launch import Stack
 from provisioner_dev.processes import fixed_port, stop
 from provisioner_dev.services import (
     DEV_CLUSTER_ID,
-    FaultProxy,
     MotoServer,
     OperatorProcess,
-    WebhookProcess,
 )
-from provisioner_dev.services import http_up as _http_up
 
 # The parts of a local stack, as the tests and bench/ import them from here.
-__all__ = [
-    "CRD_DIR",
-    "DEV_CREDENTIALS",
-    "DEV_REGION",
-    "REPO_ROOT",
-    "DevStack",
-    "FaultProxy",
-    "MotoServer",
-    "OperatorProcess",
-    "WebhookProcess",
-    "_http_up",
-    "aws_env",
-    "conversion_answers",
-    "crd_names",
-    "install_crds",
-    "kubectl",
-    "run_kubectl",
-]
 
 
 def _note(message: str) -> None:

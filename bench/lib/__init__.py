@@ -1,13 +1,22 @@
-"""The parts of bench/converge.py.
+"""The parts of bench/converge.py, and what bench/ack.py, bench/soak.py and bench/fairness.py
+share with it.
 
-workload  the kinds, their specs and spec changes, the CRs and the watch that follows them
-measure   figures: percentiles, /proc, the API server's write counters, the source hash
-recording AWS calls from moto's request recording
-run       the benchmark: options, sampling, prepare, the phases in order, finish
-create    the create phase: N CRs from nothing to Ready
-phases    idle, spec changes, delete
-profile   py-spy attached to the operator, and its samples summarised
-report    the summary, the table (declared row by row) and the profile text
+listwatch      one LIST-then-WATCH loop per collection, a thread each (every watch of the benches)
+workload       the kinds, their specs and spec changes, the CRs and the watch that follows them
+measure        figures: percentiles, /proc, the API server's write counters, the source hash
+recording      AWS calls from moto's request recording
+synced, bound  aws-like: every Synced=False seen by WATCH; the bound the cloud's limits set
+options        bench/converge.py's options
+profile        py-spy attached to the operator, and its samples summarised
+session        Bench: the CRs and their watches, sampling, prepare, finish
+create         the create phase: N CRs from nothing to Ready
+phases         idle, restart, spec changes, delete
+run            the benchmark: the phases in order
+report         the summary, the table (declared row by row) and the profile text
+ack_*          bench/ack.py's: ACK's controller, one controller's run, its counts, its table
+soak_*         bench/soak.py's: the operators and their killer, the table
+
+Each module imports only from the ones listed above it (pyproject.toml, import-linter).
 """
 
 from __future__ import annotations

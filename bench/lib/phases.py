@@ -7,14 +7,11 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
 
 from bench.lib import Failure, log
 from bench.lib.measure import categorize, percentile, rounded, scrape_writes, write_delta
+from bench.lib.session import Bench
 from bench.lib.workload import BY_KIND, KINDS, POLL_INTERVAL, Cr
-
-if TYPE_CHECKING:
-    from bench.lib.run import Bench
 
 # A DELETE collection the API server did not finish is asked again after this many seconds.
 DELETE_RETRY = 5.0
@@ -113,53 +110,17 @@ def changes(b: Bench) -> bool:
     writes0 = scrape_writes(b.api)
     aws0 = b.recording.mark()
     b.mark_cpu("changes")
-    deadline = time.monotonic() + o.timeout
-    latencies: list[tuple[float, Cr]] = []
-    failures: list[str] = []
-    patches: list[str] = []
-    lock = threading.Lock()
-
-    def change(args: tuple[int, Cr]) -> None:
-        i, cr = args
-        try:
-            patch, check, what = BY_KIND[cr.kind].change(b.cloud, cr.status, i)
-            status, data = b.api.request(
-                "PATCH",
-                f"{cr.path}/{cr.name}",
-                patch,
-                content_type="application/merge-patch+json",
-            )
-            with lock:
-                patches.append(cr.name)
-            if status != 200:
-                raise Failure(f"PATCH {status} {data[:200]!r}")
-            returned = time.monotonic()
-            previous = returned
-            while time.monotonic() < deadline:
-                asked = time.monotonic()
-                if check():
-                    # The cloud changed after the check before this one was sent and
-                    # before this one was answered.
-                    seen = (previous + time.monotonic()) / 2
-                    with lock:
-                        latencies.append((seen - returned, cr))
-                    return
-                previous = asked
-                time.sleep(0.05)
-            raise Failure(f"{what} not reflected in the cloud after {o.timeout}s")
-        except Exception as exc:  # noqa: BLE001 - counted and reported
-            with lock:
-                failures.append(f"{cr.kind} {cr.namespace}/{cr.name}: {exc}")
-
+    followed = Changes(b, deadline=time.monotonic() + o.timeout)
     with ThreadPoolExecutor(o.change_workers, thread_name_prefix="change") as pool:
-        list(pool.map(change, enumerate(chosen)))
+        list(pool.map(followed.change, enumerate(chosen)))
     settled, _, _ = b.settle(cap=15.0)
     aws1 = b.recording.mark()
     b.mark_cpu("changes_end")
+    latencies, failures = followed.latencies, followed.failures
     values = [v for v, _ in latencies]
     by_kind = {k.kind: [v for v, cr in latencies if cr.kind == k.kind] for k in KINDS}
     by_kind = {kind: vs for kind, vs in by_kind.items() if vs}
-    writes = categorize(write_delta(writes0, settled), client_patches=len(patches))
+    writes = categorize(write_delta(writes0, settled), client_patches=len(followed.patches))
     b.results["changes"] = {
         "requested": len(chosen),
         "reflected": len(values),
@@ -184,6 +145,52 @@ def changes(b: Bench) -> bool:
     return True
 
 
+class Changes:
+    """Spec changes made from several threads, each followed in the cloud until it shows."""
+
+    def __init__(self, b: Bench, deadline: float) -> None:
+        self.b = b
+        self.deadline = deadline
+        self.latencies: list[tuple[float, Cr]] = []
+        self.failures: list[str] = []
+        self.patches: list[str] = []
+        self.lock = threading.Lock()
+
+    def change(self, args: tuple[int, Cr]) -> None:
+        """PATCH the `i`-th change into `cr`, then check the cloud every 50 ms."""
+        i, cr = args
+        b = self.b
+        try:
+            patch, check, what = BY_KIND[cr.kind].change(b.cloud, cr.status, i)
+            status, data = b.api.request(
+                "PATCH",
+                f"{cr.path}/{cr.name}",
+                patch,
+                content_type="application/merge-patch+json",
+            )
+            with self.lock:
+                self.patches.append(cr.name)
+            if status != 200:
+                raise Failure(f"PATCH {status} {data[:200]!r}")
+            returned = time.monotonic()
+            previous = returned
+            while time.monotonic() < self.deadline:
+                asked = time.monotonic()
+                if check():
+                    # The cloud changed after the check before this one was sent and
+                    # before this one was answered.
+                    seen = (previous + time.monotonic()) / 2
+                    with self.lock:
+                        self.latencies.append((seen - returned, cr))
+                    return
+                previous = asked
+                time.sleep(0.05)
+            raise Failure(f"{what} not reflected in the cloud after {b.o.timeout}s")
+        except Exception as exc:  # noqa: BLE001 - counted and reported
+            with self.lock:
+                self.failures.append(f"{cr.kind} {cr.namespace}/{cr.name}: {exc}")
+
+
 def delete(b: Bench) -> bool:
     """One DELETE collection per namespace and kind, watch until none is left, count leftovers."""
     o = b.o
@@ -195,54 +202,14 @@ def delete(b: Bench) -> bool:
     started = time.time()
     for cr in present:
         cr.last_present = started
-    collections = sorted({cr.path for cr in present})
-    # Collections whose DELETE failed: path -> the answer.
-    failed: dict[str, str] = {}
-
-    def delete_all(path: str) -> None:
-        status, data = b.api.request("DELETE", path)
-        if status >= 300:
-            failed[path] = f"{status} {data[:200]!r}"
-        else:
-            failed.pop(path, None)
-
-    with ThreadPoolExecutor(16, thread_name_prefix="delete") as pool:
-        list(pool.map(delete_all, collections))
-    asked, retries = time.monotonic(), 0
-    deadline = time.monotonic() + o.timeout
-    all_gone: float | None = None
-    remaining = len(present)
-    while time.monotonic() < deadline:
-        tick = time.monotonic()
-        seen = b.lister.round()
-        here = {cr.key for cr, *_ in seen}
-        if time.monotonic() - asked >= DELETE_RETRY:
-            # The API server may give up on a collection part-way, with a 504 or without
-            # saying so (10,000 CRs on a loaded machine: 58 left, the answer a success): the
-            # CRs it had not reached are not being deleted. Ask again for every collection
-            # that still holds a CR without a deletionTimestamp (for one already being
-            # deleted a DELETE changes nothing).
-            left_in = {
-                cr.path for cr, item, *_ in seen if not item["metadata"].get("deletionTimestamp")
-            }
-            again = sorted(left_in)
-            with ThreadPoolExecutor(16, thread_name_prefix="delete") as pool:
-                list(pool.map(delete_all, again))
-            asked, retries = time.monotonic(), retries + len(again)
-        for cr, _item, start, _ in seen:
-            cr.last_present = start
-        for cr in present:
-            if cr.gone_at is None and cr.key not in here:
-                cr.gone_at = (cr.last_present + time.time()) / 2
-        b.sample_rss()
-        remaining = len(here)
-        if not here:
-            all_gone = time.time()
-            break
-        time.sleep(max(0.0, POLL_INTERVAL - (time.monotonic() - tick)))
+    deletes = Deletes(b)
+    deletes.ask(sorted({cr.path for cr in present}))
+    all_gone, remaining = wait_gone(b, present, deletes, time.monotonic() + o.timeout)
     b.mark_cpu("deleted")
     if all_gone is None:
-        b.errors.extend(f"delete {path}: {answer}" for path, answer in sorted(failed.items()))
+        b.errors.extend(
+            f"delete {path}: {answer}" for path, answer in sorted(deletes.failed.items())
+        )
     writes1 = scrape_writes(b.api)
     aws1 = b.recording.mark()
     left = b.cloud_left()
@@ -254,7 +221,7 @@ def delete(b: Bench) -> bool:
     b.results["delete"] = {
         "all_gone_seconds": rounded(all_gone - started if all_gone else None),
         "remaining": remaining,
-        "delete_collection_retries": retries,
+        "delete_collection_retries": deletes.retries,
         "p50_s": rounded(percentile(gone_times, 50)),
         "p99_s": rounded(percentile(gone_times, 99)),
         "writes": writes,
@@ -269,3 +236,61 @@ def delete(b: Bench) -> bool:
         b.timeouts.append(f"delete: {remaining} CRs still there after {o.timeout}s")
         return False
     return True
+
+
+class Deletes:
+    """DELETE collection requests, 16 at a time; the collections whose last one failed."""
+
+    def __init__(self, b: Bench) -> None:
+        self.b = b
+        # Collections whose DELETE failed: path -> the answer.
+        self.failed: dict[str, str] = {}
+        self.asked = time.monotonic()
+        self.retries = 0
+
+    def ask(self, paths: list[str]) -> None:
+        with ThreadPoolExecutor(16, thread_name_prefix="delete") as pool:
+            list(pool.map(self.delete_all, paths))
+        self.asked = time.monotonic()
+
+    def delete_all(self, path: str) -> None:
+        status, data = self.b.api.request("DELETE", path)
+        if status >= 300:
+            self.failed[path] = f"{status} {data[:200]!r}"
+        else:
+            self.failed.pop(path, None)
+
+
+def wait_gone(
+    b: Bench, present: list[Cr], deletes: Deletes, deadline: float
+) -> tuple[float | None, int]:
+    """A round every POLL_INTERVAL until no CR is left, or the deadline: (when all were
+    gone, or None; how many were left at the last round)."""
+    remaining = len(present)
+    while time.monotonic() < deadline:
+        tick = time.monotonic()
+        seen = b.lister.round()
+        here = {cr.key for cr, *_ in seen}
+        if time.monotonic() - deletes.asked >= DELETE_RETRY:
+            # The API server may give up on a collection part-way, with a 504 or without
+            # saying so (10,000 CRs on a loaded machine: 58 left, the answer a success): the
+            # CRs it had not reached are not being deleted. Ask again for every collection
+            # that still holds a CR without a deletionTimestamp (for one already being
+            # deleted a DELETE changes nothing).
+            left_in = {
+                cr.path for cr, item, *_ in seen if not item["metadata"].get("deletionTimestamp")
+            }
+            again = sorted(left_in)
+            deletes.ask(again)
+            deletes.retries += len(again)
+        for cr, _item, start, _ in seen:
+            cr.last_present = start
+        for cr in present:
+            if cr.gone_at is None and cr.key not in here:
+                cr.gone_at = (cr.last_present + time.time()) / 2
+        b.sample_rss()
+        remaining = len(here)
+        if not here:
+            return time.time(), remaining
+        time.sleep(max(0.0, POLL_INTERVAL - (time.monotonic() - tick)))
+    return None, remaining

@@ -81,7 +81,7 @@ AREAS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("event loop: kopf daemons", ("kopf/_core/engines/daemons",)),
     (
         "event loop: provisioner handlers",
-        ("provisioner/runtime/handlers.py", "provisioner/reconcile"),
+        ("provisioner/runtime/", "provisioner/reconciler/"),
     ),
     ("event loop: kopf queueing, processing, diffs", ("kopf/",)),
     ("idle executor threads", ("concurrent/futures/thread.py",)),

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from bench.lib.run import Options
+from bench.lib.options import Options
 from bench.lib.synced import describe as describe_synced
 from bench.lib.workload import KINDS, MIX_NAMES
 

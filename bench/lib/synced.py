@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from bench.lib.listwatch import ListWatch, WatchApi
 from provisioner import API_VERSION
-from provisioner_dev.kubejson import KubeJson
 
 # (class, pattern over the condition's reason and message), the first that matches wins.
 CLASSES: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -69,87 +69,62 @@ class Seen:
 
 
 class SyncedWatch:
-    """One thread per kind: LIST, then WATCH from that version, again after each end."""
+    """One LIST-then-WATCH per kind (`ListWatch`, a thread each), for the whole run."""
 
     def __init__(
         self,
-        api: KubeJson,
+        api: WatchApi,
         plurals: list[str],
         wanted: Callable[[str, str], bool] = lambda namespace, name: True,
     ) -> None:
-        self.api = api
         self.plurals = plurals
         self.wanted = wanted
         self.phase = "start"
         self.seen: list[Seen] = []
-        self.errors: list[str] = []
         self.events = 0
-        self.restarts = 0
         self._last: dict[tuple[str, str], tuple[str, str] | None] = {}
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self._listed: set[str] = set()
         self._started = time.monotonic()
+        self.watch = ListWatch(
+            api,
+            {plural: f"/apis/{API_VERSION}/{plural}" for plural in plurals},
+            self._listed,
+            self._event,
+            thread_name="watch",
+            pause=1.0,
+        )
+
+    @property
+    def errors(self) -> list[str]:
+        return self.watch.errors
+
+    @property
+    def restarts(self) -> int:
+        return self.watch.restarts
 
     def start(self) -> SyncedWatch:
         self._started = time.monotonic()
-        for plural in self.plurals:
-            thread = threading.Thread(
-                target=self._run, args=(plural,), name=f"watch-{plural}", daemon=True
-            )
-            thread.start()
-            self._threads.append(thread)
+        self.watch.start()
         return self
 
     def wait_listed(self, timeout: float = 30.0) -> bool:
         """Whether every kind was listed (and so is watched) within `timeout`."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self._lock:
-                if self._listed >= set(self.plurals):
-                    return True
-            time.sleep(0.05)
-        return False
+        return self.watch.wait_listed(timeout)
 
     def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=1.0)  # a WATCH ends by itself within its timeout
+        self.watch.stop()
 
-    def _run(self, plural: str) -> None:
-        path = f"/apis/{API_VERSION}/{plural}"
-        version = ""
-        while not self._stop.is_set():
-            try:
-                if not version:
-                    listing = self.api.json("GET", path)
-                    for item in listing.get("items") or []:
-                        self._look(plural, item)
-                    version = listing["metadata"]["resourceVersion"]
-                    with self._lock:
-                        self._listed.add(plural)
-                for event in self.api.watch(path, version, timeout_seconds=30):
-                    if self._stop.is_set():
-                        return
-                    kind, obj = event.get("type"), event.get("object") or {}
-                    if kind == "ERROR":
-                        version = ""  # gone (410) or refused: LIST again
-                        break
-                    version = (obj.get("metadata") or {}).get("resourceVersion") or version
-                    if kind in ("ADDED", "MODIFIED"):
-                        self._look(plural, obj)
-                    elif kind == "DELETED":
-                        meta = obj.get("metadata") or {}
-                        with self._lock:
-                            self._last.pop((meta.get("namespace", ""), meta.get("name", "")), None)
-                self.restarts += 1
-            except Exception as exc:  # noqa: BLE001 - e.g. the API server restarting
-                with self._lock:
-                    if len(self.errors) < 20:
-                        self.errors.append(f"{plural}: {exc}"[:300])
-                version = ""
-                self._stop.wait(1.0)
+    def _listed(self, plural: str, items: list[dict[str, Any]], at: float) -> None:
+        for item in items:
+            self._look(plural, item)
+
+    def _event(self, plural: str, kind: str, obj: dict[str, Any]) -> None:
+        if kind == "DELETED":
+            meta = obj.get("metadata") or {}
+            with self._lock:
+                self._last.pop((meta.get("namespace", ""), meta.get("name", "")), None)
+        else:
+            self._look(plural, obj)
 
     def _look(self, plural: str, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}

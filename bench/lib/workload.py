@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.lib.listwatch import ListWatch, WatchApi
 from provisioner import API_VERSION
 from provisioner.kinds.registry import KINDS as REGISTERED
 from provisioner_dev.cloud import DevCloud
-from provisioner_dev.kubejson import KubeJson
 from provisioner_dev.samples import SAMPLES, Sample
 
 # A spec change: (merge patch, a check against the cloud that it arrived, the field's name).
@@ -156,7 +156,7 @@ POLL_INTERVAL = 0.5
 
 class Lister:
     """What the API server says of our CRs, kept by one LIST and then WATCH per kind in use
-    (a thread each; LIST again after a WATCH error such as 410), never polled.
+    (`ListWatch`: a thread each; LIST again after a WATCH error such as 410), never polled.
 
     A LIST of every CR every 0.5 s costs the API server and the bench work in proportion to
     N each time, so over a run whose length grows with N it costs N squared: at 10,000 CRs
@@ -170,41 +170,43 @@ class Lister:
     times did.
     """
 
-    def __init__(self, api: KubeJson, crs: list[Cr]) -> None:
-        self.api = api
+    def __init__(self, api: WatchApi, crs: list[Cr]) -> None:
         self.by_key = {cr.key: cr for cr in crs}
         self.plurals = sorted({cr.plural for cr in crs})
         self.rounds = 0
-        self.lists = 0
-        self.list_seconds = 0.0
-        self.events = 0
-        self.errors: list[str] = []
         self._items: dict[tuple[str, str, str], tuple[dict[str, Any], float]] = {}
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._listed: set[str] = set()
-        self._threads: list[threading.Thread] = []
+        self.watch = ListWatch(
+            api,
+            {plural: f"/apis/{API_VERSION}/{plural}" for plural in self.plurals},
+            self._listed,
+            self._event,
+            thread_name="lister",
+        )
+
+    @property
+    def lists(self) -> int:
+        return self.watch.lists
+
+    @property
+    def list_seconds(self) -> float:
+        return self.watch.list_seconds
+
+    @property
+    def events(self) -> int:
+        return self.watch.events
+
+    @property
+    def errors(self) -> list[str]:
+        return self.watch.errors
 
     def start(self, timeout: float = 60.0) -> None:
         """Start the watches; return once every kind was listed (RuntimeError if not)."""
-        for plural in self.plurals:
-            thread = threading.Thread(
-                target=self._run, args=(plural,), name=f"lister-{plural}", daemon=True
-            )
-            thread.start()
-            self._threads.append(thread)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self._lock:
-                if self._listed >= set(self.plurals):
-                    return
-            time.sleep(0.05)
-        raise RuntimeError(f"cannot list the CRs: {self.errors[:1]}")
+        if not self.watch.start().wait_listed(timeout):
+            raise RuntimeError(f"cannot list the CRs: {self.errors[:1]}")
 
     def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=1.0)  # a WATCH ends by itself within its timeout
+        self.watch.stop()
 
     def round(self) -> list[tuple[Cr, dict[str, Any], float, float]]:
         """(cr, item, as of, since) for every one of our CRs that exists."""
@@ -214,62 +216,35 @@ class Lister:
         self.rounds += 1
         return [(self.by_key[key], item, now, since) for key, (item, since) in held]
 
-    def _keep(self, plural: str, item: dict[str, Any], at: float) -> None:
+    @staticmethod
+    def _key(plural: str, item: dict[str, Any]) -> tuple[str, str, str]:
         meta = item.get("metadata") or {}
-        key = (plural, meta.get("namespace", ""), meta.get("name", ""))
+        return (plural, meta.get("namespace", ""), meta.get("name", ""))
+
+    def _keep(self, plural: str, item: dict[str, Any], at: float) -> None:
+        key = self._key(plural, item)
         if key not in self.by_key:
             return
         with self._lock:
             known = self._items.get(key)
-            version = meta.get("resourceVersion")
+            version = (item.get("metadata") or {}).get("resourceVersion")
             if known is not None and known[0]["metadata"].get("resourceVersion") == version:
                 return
             self._items[key] = (item, at)
 
-    def _list(self, plural: str, path: str) -> str:
-        start = time.time()
-        listing = self.api.json("GET", path)
-        end = time.time()
-        self.lists += 1
-        self.list_seconds += end - start
-        items = listing.get("items") or []
+    def _listed(self, plural: str, items: list[dict[str, Any]], at: float) -> None:
+        """A LIST's answer: what it holds, and nothing of that kind that it does not."""
         present = set()
         for item in items:
-            meta = item.get("metadata") or {}
-            present.add((plural, meta.get("namespace", ""), meta.get("name", "")))
-            self._keep(plural, item, end)
+            present.add(self._key(plural, item))
+            self._keep(plural, item, at)
         with self._lock:
             for key in [k for k in self._items if k[0] == plural and k not in present]:
                 del self._items[key]
-            self._listed.add(plural)
-        return str(listing["metadata"]["resourceVersion"])
 
-    def _run(self, plural: str) -> None:
-        path = f"/apis/{API_VERSION}/{plural}"
-        version = ""
-        while not self._stop.is_set():
-            try:
-                if not version:
-                    version = self._list(plural, path)
-                for event in self.api.watch(path, version, timeout_seconds=30):
-                    if self._stop.is_set():
-                        return
-                    kind, obj = event.get("type"), event.get("object") or {}
-                    if kind == "ERROR":
-                        version = ""  # gone (410) or refused: LIST again
-                        break
-                    version = (obj.get("metadata") or {}).get("resourceVersion") or version
-                    self.events += 1
-                    if kind in ("ADDED", "MODIFIED"):
-                        self._keep(plural, obj, time.time())
-                    elif kind == "DELETED":
-                        meta = obj.get("metadata") or {}
-                        with self._lock:
-                            self._items.pop(
-                                (plural, meta.get("namespace", ""), meta.get("name", "")), None
-                            )
-            except Exception as exc:  # noqa: BLE001 - e.g. the API server restarting
-                if len(self.errors) < 20:
-                    self.errors.append(f"{plural}: {exc}"[:300])
-                version = ""
-                self._stop.wait(0.5)
+    def _event(self, plural: str, kind: str, obj: dict[str, Any]) -> None:
+        if kind == "DELETED":
+            with self._lock:
+                self._items.pop(self._key(plural, obj), None)
+        else:
+            self._keep(plural, obj, time.time())

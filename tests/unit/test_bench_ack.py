@@ -1,5 +1,6 @@
-"""bench/ack.py's pure parts: which bucket a request names, calls grouped by bucket, API
-writes by category, the targets and the table (the run itself needs ACK's controller)."""
+"""bench/ack.py's pure parts (bench/lib/ack_*.py): which bucket a request names, calls grouped
+by bucket, API writes by category, the targets and the table (the run itself needs ACK's
+controller)."""
 
 from __future__ import annotations
 
@@ -10,18 +11,10 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from bench.ack import (
-    MOTO_SITECUSTOMIZE,
-    ack_side,
-    api_writes,
-    bucket_of,
-    calls_by_bucket,
-    ours_side,
-    read_entries,
-    rss_split,
-    table,
-    targets,
-)
+from bench.lib.ack_controller import MOTO_SITECUSTOMIZE
+from bench.lib.ack_counts import api_writes, bucket_of, calls_by_bucket, read_entries, rss_split
+from bench.lib.ack_report import table, targets
+from bench.lib.ack_run import ack_side, ours_side
 from bench.lib.recording import BENCH_USER_AGENT, Recording
 
 HOST = "127.0.0.1"

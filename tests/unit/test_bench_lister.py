@@ -50,7 +50,7 @@ def test_a_round_reads_what_the_watch_delivered() -> None:
             {"type": "DELETED", "object": item("ns", "c", "15")},
         ]
     )
-    lister = Lister(api, crs)  # type: ignore[arg-type]
+    lister = Lister(api, crs)
     lister.start(timeout=5.0)
     try:
         assert api.consumed.wait(5.0)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 from bench.lib.bound import cloud_bound, paced
+from bench.lib.options import Options
 from bench.lib.report import ROWS, figures, summary, table
-from bench.lib.run import Options
 from bench.lib.synced import classify
 from bench.lib.workload import KINDS, split_mix
 
