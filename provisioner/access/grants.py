@@ -30,6 +30,7 @@ from provisioner.crashpoints import crashpoint
 from provisioner.kinds import registry as kinds
 from provisioner.kube.client import Kube
 from provisioner.model import conditions as cond
+from provisioner.model.account import AccountRef
 from provisioner.model.resource import Resource
 
 InThread = Callable[..., Awaitable[Any]]
@@ -172,111 +173,37 @@ class Access:
     ) -> bool:
         """Make one grant (its entry in `held` and status.access first); whether anything
         was written."""
-        client = self.iam
-        assert client is not None and self.aws is not None
-        account, ns = resource.account, resource.namespace
-        name = self._role(resource, sa)
-        partition = self.aws.partition(resource.region)
-        account_id = await self.in_thread(self.aws.account_id, account)
-        role_arn = iam.role_arn(partition, account_id, name)
-        irsa = self.settings.mode == iam.IRSA
-
+        grant = await self._named(resource, sa, level)
         # 1. Look: refuse anything of these names that is not ours.
-        role = await self.in_thread(client.get_role, account, name)
-        if role is not None and not role.owned_by(self.cluster_id, ns, sa):
-            raise Refused(
-                cond.ACCESS_CONFLICT,
-                f"ServiceAccount {sa}: IAM role {name} exists and is not provisioner's for it "
-                "(its tags differ); it is left untouched",
-                retry=False,
-            )
-        service_account: dict[str, Any] | None = None
-        association: iam.Association | None = None
-        if irsa:
-            service_account = await self.in_thread(self.kube.get_service_account, ns, sa)
-            annotated = _annotation(service_account)
-            if annotated and annotated != role_arn:
-                raise Refused(
-                    cond.ACCESS_CONFLICT,
-                    f"ServiceAccount {sa} is annotated {iam.ROLE_ANNOTATION}={annotated}, "
-                    "another role; it is left untouched",
-                    retry=False,
-                )
-            if role is None:
-                provider = iam.oidc_provider_arn(partition, account_id, self.settings.oidc_issuer)
-                if not await self.in_thread(client.oidc_provider_exists, account, provider):
-                    raise Refused(
-                        cond.OIDC_PROVIDER_NOT_FOUND,
-                        f"ServiceAccount {sa}: the account has no IAM OIDC provider {provider} "
-                        "for this cluster's issuer: an administrator registers it once per "
-                        "account",
-                    )
-        else:
-            association = await self.in_thread(
-                client.association, self.settings.eks_cluster, ns, sa
-            )
-            if association is not None and association.role_arn != role_arn:
-                raise Refused(
-                    cond.ACCESS_CONFLICT,
-                    f"ServiceAccount {sa} has a pod identity association with another role "
-                    f"({association.role_arn}); it is left untouched",
-                    retry=False,
-                )
-
+        await grant.look()
         # 2. Recorded before anything is made.
-        entry = {"serviceAccountName": sa, "level": level, "roleArn": role_arn}
+        entry = {"serviceAccountName": sa, "level": level, "roleArn": grant.role_arn}
         if held.get(sa) != entry:
             held[sa] = entry
             await self._record(resource, held)
-
         # 3. The role, its policy, then the annotation or the association.
-        changed = False
-        trust = iam.trust_policy(self.settings, partition, account_id, ns, sa)
-        tags = iam.role_tags(self.cluster_id, ns, sa)
-        if role is None:
-            await self.in_thread(
-                client.create_role,
-                account,
-                name,
-                trust,
-                tags,
-                f"spec.access of ServiceAccount {ns}/{sa} (cluster {self.cluster_id})",
-            )
-            crashpoint("after-create-role")
-            changed = True
-        elif role.trust != trust:
-            await self.in_thread(client.update_trust, account, name, trust)
-            changed = True
-        document = iam.permission_policy(kinds.descriptor(resource.kind), level, arn)
-        policy = iam.policy_name(resource.kind, resource.name, resource.uid)
-        if await self.in_thread(client.get_policy, account, name, policy) != document:
-            await self.in_thread(client.put_policy, account, name, policy, document)
-            crashpoint("after-put-policy")
-            changed = True
-        if irsa:
-            if service_account is None:
-                raise Refused(
-                    cond.SERVICE_ACCOUNT_NOT_FOUND,
-                    f"ServiceAccount {sa} does not exist in {ns}: its role {role_arn} is ready "
-                    f"and the ServiceAccount is annotated {iam.ROLE_ANNOTATION} once it exists",
-                )
-            if _annotation(service_account) != role_arn:
-                meta = service_account["metadata"]
-                await self.in_thread(
-                    self.kube.annotate_service_account,
-                    ns,
-                    sa,
-                    iam.ROLE_ANNOTATION,
-                    role_arn,
-                    str(meta.get("resourceVersion") or ""),
-                )
-                changed = True
-        elif association is None:
-            await self.in_thread(
-                client.create_association, self.settings.eks_cluster, ns, sa, role_arn, tags
-            )
-            changed = True
-        return changed
+        role_written = await grant.make_role()
+        policy_written = await grant.put_policy(arn)
+        bound = await grant.bind()
+        return role_written or policy_written or bound
+
+    async def _named(self, resource: Resource, sa: str, level: str) -> Grant:
+        """The grant of `level` on `resource` to `sa`, with the names of its role."""
+        assert self.iam is not None and self.aws is not None
+        name = self._role(resource, sa)
+        partition = self.aws.partition(resource.region)
+        account_id = await self.in_thread(self.aws.account_id, resource.account)
+        return Grant(
+            access=self,
+            client=self.iam,
+            resource=resource,
+            sa=sa,
+            level=level,
+            name=name,
+            partition=partition,
+            account_id=account_id,
+            role_arn=iam.role_arn(partition, account_id, name),
+        )
 
     async def _revoke(self, resource: Resource, sa: str, held: dict[str, dict[str, str]]) -> None:
         """Remove the resource's policy; the role (and annotation, association) when it was
@@ -327,6 +254,155 @@ class Access:
                 await self._revoke(resource, sa, held)
             events.append(revoked(sa))
         return events
+
+
+@dataclass
+class Grant:
+    """One grant being made, step by step (the order above): its role's names, and what
+    the look found of the role, the ServiceAccount and its pod identity association."""
+
+    access: Access
+    client: IamClient
+    resource: Resource
+    sa: str
+    level: str
+    name: str  # the role's
+    partition: str
+    account_id: str
+    role_arn: str
+    role: iam.Role | None = None
+    service_account: dict[str, Any] | None = None
+    association: iam.Association | None = None
+
+    @property
+    def account(self) -> AccountRef | None:
+        return self.resource.account
+
+    @property
+    def ns(self) -> str:
+        return self.resource.namespace
+
+    @property
+    def irsa(self) -> bool:
+        return self.access.settings.mode == iam.IRSA
+
+    async def look(self) -> None:
+        """Read the role, then the ServiceAccount (IRSA) or its association; Refused when
+        any of them is not ours, or, for a role still to be made, there is no OIDC provider."""
+        access = self.access
+        self.role = await access.in_thread(self.client.get_role, self.account, self.name)
+        if self.role is not None and not self.role.owned_by(access.cluster_id, self.ns, self.sa):
+            raise Refused(
+                cond.ACCESS_CONFLICT,
+                f"ServiceAccount {self.sa}: IAM role {self.name} exists and is not "
+                "provisioner's for it (its tags differ); it is left untouched",
+                retry=False,
+            )
+        if self.irsa:
+            await self._look_at_service_account()
+        else:
+            await self._look_at_association()
+
+    async def _look_at_service_account(self) -> None:
+        access = self.access
+        self.service_account = await access.in_thread(
+            access.kube.get_service_account, self.ns, self.sa
+        )
+        annotated = _annotation(self.service_account)
+        if annotated and annotated != self.role_arn:
+            raise Refused(
+                cond.ACCESS_CONFLICT,
+                f"ServiceAccount {self.sa} is annotated {iam.ROLE_ANNOTATION}={annotated}, "
+                "another role; it is left untouched",
+                retry=False,
+            )
+        if self.role is None:
+            issuer = access.settings.oidc_issuer
+            provider = iam.oidc_provider_arn(self.partition, self.account_id, issuer)
+            if not await access.in_thread(self.client.oidc_provider_exists, self.account, provider):
+                raise Refused(
+                    cond.OIDC_PROVIDER_NOT_FOUND,
+                    f"ServiceAccount {self.sa}: the account has no IAM OIDC provider {provider} "
+                    "for this cluster's issuer: an administrator registers it once per account",
+                )
+
+    async def _look_at_association(self) -> None:
+        cluster = self.access.settings.eks_cluster
+        self.association = await self.access.in_thread(
+            self.client.association, cluster, self.ns, self.sa
+        )
+        if self.association is not None and self.association.role_arn != self.role_arn:
+            raise Refused(
+                cond.ACCESS_CONFLICT,
+                f"ServiceAccount {self.sa} has a pod identity association with another role "
+                f"({self.association.role_arn}); it is left untouched",
+                retry=False,
+            )
+
+    async def make_role(self) -> bool:
+        """Create the role, or correct its trust policy; whether anything was written."""
+        access = self.access
+        trust = iam.trust_policy(access.settings, self.partition, self.account_id, self.ns, self.sa)
+        if self.role is None:
+            await access.in_thread(
+                self.client.create_role,
+                self.account,
+                self.name,
+                trust,
+                iam.role_tags(access.cluster_id, self.ns, self.sa),
+                f"spec.access of ServiceAccount {self.ns}/{self.sa} (cluster {access.cluster_id})",
+            )
+            crashpoint("after-create-role")
+            return True
+        if self.role.trust != trust:
+            await access.in_thread(self.client.update_trust, self.account, self.name, trust)
+            return True
+        return False
+
+    async def put_policy(self, arn: str) -> bool:
+        """The role's policy for the resource `arn`, unless it is already so; whether it
+        was written."""
+        resource, in_thread = self.resource, self.access.in_thread
+        document = iam.permission_policy(kinds.descriptor(resource.kind), self.level, arn)
+        policy = iam.policy_name(resource.kind, resource.name, resource.uid)
+        if await in_thread(self.client.get_policy, self.account, self.name, policy) == document:
+            return False
+        await in_thread(self.client.put_policy, self.account, self.name, policy, document)
+        crashpoint("after-put-policy")
+        return True
+
+    async def bind(self) -> bool:
+        """Annotate the ServiceAccount (IRSA), or make its association; whether anything was
+        written. Refused when the ServiceAccount is not there yet (IRSA)."""
+        access = self.access
+        if not self.irsa:
+            if self.association is not None:
+                return False
+            tags = iam.role_tags(access.cluster_id, self.ns, self.sa)
+            cluster = access.settings.eks_cluster
+            await access.in_thread(
+                self.client.create_association, cluster, self.ns, self.sa, self.role_arn, tags
+            )
+            return True
+        if self.service_account is None:
+            raise Refused(
+                cond.SERVICE_ACCOUNT_NOT_FOUND,
+                f"ServiceAccount {self.sa} does not exist in {self.ns}: its role {self.role_arn} "
+                f"is ready and the ServiceAccount is annotated {iam.ROLE_ANNOTATION} once it "
+                "exists",
+            )
+        if _annotation(self.service_account) == self.role_arn:
+            return False
+        version = str(self.service_account["metadata"].get("resourceVersion") or "")
+        await access.in_thread(
+            access.kube.annotate_service_account,
+            self.ns,
+            self.sa,
+            iam.ROLE_ANNOTATION,
+            self.role_arn,
+            version,
+        )
+        return True
 
 
 def _annotation(service_account: dict[str, Any] | None) -> str:

@@ -53,24 +53,10 @@ from typing import Any, TypeVar
 
 import botocore.exceptions
 
+from provisioner.aws.codes import SLOW_DOWN
 from provisioner.aws.turns import CALLER, HEADROOM, Schedule, Turns
 
 T = TypeVar("T")
-
-# Error codes that mean "too many requests" and nothing else (5xx and name holds are not).
-THROTTLE_CODES = frozenset(
-    {
-        "Throttling",
-        "ThrottlingException",
-        "ThrottledException",
-        "RequestThrottled",
-        "RequestThrottledException",
-        "TooManyRequestsException",
-        "RequestLimitExceeded",
-        "SlowDown",
-        "PriorRequestNotComplete",
-    }
-)
 
 
 @dataclass(frozen=True)
@@ -272,7 +258,7 @@ ACTIVE: weakref.WeakSet[CallBudget] = weakref.WeakSet()
 def _throttle_code(exc: BaseException) -> str | None:
     if isinstance(exc, botocore.exceptions.ClientError):
         code = str(exc.response.get("Error", {}).get("Code", ""))
-        return code if code in THROTTLE_CODES else None
+        return code if code in SLOW_DOWN else None
     return None
 
 

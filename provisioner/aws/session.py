@@ -30,6 +30,7 @@ from botocore.parsers import ResponseParserError
 from provisioner.aws import botodata, errors
 from provisioner.aws.assume import AssumedSessions
 from provisioner.aws.budget import BudgetSettings, CallBudget
+from provisioner.aws.codes import CONFLICT, CREDENTIALS_REJECTED, NOT_FOUND, NOT_OFFERED, TRY_AGAIN
 from provisioner.aws.errors import ErrorCodes
 from provisioner.model.account import AccountRef
 
@@ -41,53 +42,14 @@ OWN_ACCOUNT_RETRY = 30.0
 # services of every kind, with IAM and STS, in some 35 (region, account) pairs.
 CLIENT_CACHE_SIZE = 256
 
-# Codes every AWS service shares; each kind adds its service's own (KindDescriptor.error_codes).
-THROTTLING_CODES = {
-    "Throttling",
-    "ThrottlingException",
-    "ThrottledException",
-    "RequestThrottled",
-    "RequestThrottledException",
-    "TooManyRequestsException",
-    "ProvisionedThroughputExceededException",
-    "TransactionInProgressException",
-    "RequestLimitExceeded",
-    "BandwidthLimitExceeded",
-    "LimitExceededException",
-    "EC2ThrottledException",
-    "PriorRequestNotComplete",
-    "RequestTimeout",
-    "RequestTimeoutException",
-    "ServiceUnavailable",
-    "InternalError",
-    "InternalFailure",
-    "ServiceFailure",
-}
-CREDENTIALS_CODES = {
-    "InvalidClientTokenId",
-    "UnrecognizedClientException",
-    "SignatureDoesNotMatch",
-    "InvalidAccessKeyId",
-    "ExpiredToken",
-    "ExpiredTokenException",
-    "AuthFailure",
-    "MissingAuthenticationToken",
-    "IncompleteSignature",
-}
-NOT_FOUND_CODES = {
-    "404",
-    "NotFound",
-}
-CONFLICT_CODES: set[str] = set()
-NOT_SUPPORTED_CODES = {"InternalFailure.NotImplemented", "NotImplemented", "NotImplementedError"}
-
 
 def merge_codes(codes: list[ErrorCodes]) -> ErrorCodes:
-    """The shared codes plus every kind's own."""
+    """The codes every AWS service shares (provisioner/aws/codes.py) plus every kind's own
+    (KindDescriptor.error_codes)."""
     return ErrorCodes(
-        not_found=frozenset(NOT_FOUND_CODES).union(*(c.not_found for c in codes)),
-        conflict=frozenset(CONFLICT_CODES).union(*(c.conflict for c in codes)),
-        retryable=frozenset(THROTTLING_CODES).union(*(c.retryable for c in codes)),
+        not_found=NOT_FOUND.union(*(c.not_found for c in codes)),
+        conflict=CONFLICT.union(*(c.conflict for c in codes)),
+        retryable=TRY_AGAIN.union(*(c.retryable for c in codes)),
         name_held=frozenset().union(*(c.name_held for c in codes)),
     )
 
@@ -100,26 +62,7 @@ def classify(exc: BaseException, codes: ErrorCodes = SHARED_CODES) -> errors.Clo
     if isinstance(exc, errors.CloudError):
         return exc
     if isinstance(exc, botocore.exceptions.ClientError):
-        err = exc.response.get("Error", {})
-        code = str(err.get("Code", "")) or "Unknown"
-        message = str(err.get("Message", "")) or code
-        http = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
-        if code in NOT_SUPPORTED_CODES or (http == 501):
-            operation = getattr(exc, "operation_name", "") or "this API"
-            return errors.NotSupportedError(
-                f"the cloud endpoint does not offer {operation}: {message}", code
-            )
-        if code in codes.not_found or (http == 404 and code not in codes.conflict):
-            return errors.NotFoundError(message, code)
-        if code in codes.name_held:
-            return errors.NameHeldError(message, code)
-        if code in CREDENTIALS_CODES:
-            return errors.CredentialsError(f"AWS credentials were rejected: {message}", code)
-        if code in codes.retryable or http >= 500 or http == 429:
-            return errors.RetryableError(message, code)
-        if code in codes.conflict:
-            return errors.ConflictError(message, code)
-        return errors.TerminalError(message, code)
+        return _classify_answer(exc, codes)
     if isinstance(
         exc, botocore.exceptions.NoCredentialsError | botocore.exceptions.PartialCredentialsError
     ):
@@ -157,6 +100,30 @@ def classify(exc: BaseException, codes: ErrorCodes = SHARED_CODES) -> errors.Clo
             "ResponseParserError",
         )
     raise exc
+
+
+def _classify_answer(exc: botocore.exceptions.ClientError, codes: ErrorCodes) -> errors.CloudError:
+    """The class of an error the cloud answered with, by its code and HTTP status."""
+    err = exc.response.get("Error", {})
+    code = str(err.get("Code", "")) or "Unknown"
+    message = str(err.get("Message", "")) or code
+    http = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+    if code in NOT_OFFERED or (http == 501):
+        operation = getattr(exc, "operation_name", "") or "this API"
+        return errors.NotSupportedError(
+            f"the cloud endpoint does not offer {operation}: {message}", code
+        )
+    if code in codes.not_found or (http == 404 and code not in codes.conflict):
+        return errors.NotFoundError(message, code)
+    if code in codes.name_held:
+        return errors.NameHeldError(message, code)
+    if code in CREDENTIALS_REJECTED:
+        return errors.CredentialsError(f"AWS credentials were rejected: {message}", code)
+    if code in codes.retryable or http >= 500 or http == 429:
+        return errors.RetryableError(message, code)
+    if code in codes.conflict:
+        return errors.ConflictError(message, code)
+    return errors.TerminalError(message, code)
 
 
 @dataclass(frozen=True)

@@ -276,6 +276,7 @@ def _observation(resource: Resource, instance: dict[str, Any]) -> Observation:
             "endpoint": f"{host}:{port}" if host else "",
             "pendingChanges": _pending(instance),
         },
+        applying=_pending(instance),
         client_state={"instance": instance},
     )
 
@@ -358,4 +359,5 @@ KIND = KindDescriptor(
         retryable=frozenset({"InvalidDBInstanceState", "InvalidDBInstanceStateFault"}),
     ),
     on_localstack=False,
+    creating_states=frozenset({"", "creating"}),
 )

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from provisioner.aws import errors
+from provisioner.aws.codes import S3_SLOW_DOWN
 from provisioner.aws.errors import ErrorCodes
 from provisioner.aws.session import Aws
 from provisioner.kinds import tagging
@@ -15,11 +16,10 @@ from provisioner.kinds.contract import (
     KindDescriptor,
     Observation,
     OwnedResource,
-    adoptable_by,
     levels,
     owner_of,
 )
-from provisioner.kinds.tagging import tag_diffs
+from provisioner.kinds.tagging import ObservedTags
 from provisioner.model import naming
 from provisioner.model.account import AccountRef
 from provisioner.model.resource import Resource
@@ -99,7 +99,7 @@ FIELDS: dict[str, tuple[str, Setter]] = {
 FRESH_BUCKET: dict[str, Any] = {"spec.versioning": False, "spec.lifecycle.expireAfterDays": None}
 
 
-class S3Client:
+class S3Client(tagging.BatchTagLooks):
     tags_on_create = False  # CreateBucket takes none: tagged right after
 
     def __init__(self, aws: Aws) -> None:
@@ -115,20 +115,9 @@ class S3Client:
         except errors.NotFoundError:
             return {}
 
-    def observe(self, resource: Resource) -> Observation:
-        return self._observe(resource, None)
-
-    def observe_tagged(self, resource: Resource, tags: dict[str, str]) -> Observation:
-        """A look whose tags were read in a batch: no GetBucketTagging, unless the batch
-        shows something to act on (then it decides, as in `observe`)."""
-        return self._observe(resource, tags)
-
-    def tags_many(
-        self, region: str, names: Sequence[str], account: AccountRef | None = None
-    ) -> dict[str, dict[str, str]]:
+    def arns(self, region: str, names: Sequence[str], account: AccountRef | None) -> dict[str, str]:
         partition = self.aws.partition(region)
-        arns = {f"arn:{partition}:s3:::{name}": name for name in names}
-        return tagging.by_name(self.aws, region, arns, account)
+        return {f"arn:{partition}:s3:::{name}": name for name in names}
 
     def _observe(self, resource: Resource, batched: dict[str, str] | None) -> Observation:
         s3, name = self._s3(resource), resource.external_name
@@ -141,32 +130,29 @@ class S3Client:
                 raise
             # The name is taken by another account (or we may not even look at it).
             return Observation(exists=True, available=False, state="forbidden")
-        if batched is not None and tagging.stands_in(resource, batched):
-            tags = batched
-        else:
-            tags = self._tags(s3, name)
+        tagged = tagging.observe_tags(resource, batched, lambda: self._tags(s3, name))
         config = self._config(s3, name)
-        return self._observation(resource, head.get("BucketRegion"), config, tags)
+        return self._observation(resource, head.get("BucketRegion"), config, tagged)
 
     def _observation(
         self,
         resource: Resource,
         region: str | None,
         config: dict[str, Any],
-        tags: dict[str, str],
+        tagged: ObservedTags,
     ) -> Observation:
         name, region = resource.external_name, region or resource.region
         arn = f"arn:{self.aws.partition(region)}:s3:::{name}"
         endpoint = self.aws.settings.endpoint_url or f"https://s3.{region}.amazonaws.com"
         return Observation(
             exists=True,
-            owner_uid=owner_of(tags),
-            adoptable_by=adoptable_by(tags),
+            owner_uid=tagged.owner_uid,
+            adoptable_by=tagged.adoptable_by,
             state="available",
             arn=arn,
-            diffs=_diffs(resource, config, tags),
+            diffs=_diffs(resource, config) + tagged.diffs,
             connection={"bucket": name, "region": region, "arn": arn, "endpoint": endpoint},
-            client_state={"config": config, "tags": tags},
+            client_state={"config": config, "tags": tagged.tags},
         )
 
     def create(self, resource: Resource, secrets: dict[str, str]) -> Observation:
@@ -199,7 +185,8 @@ class S3Client:
             config[field] = desired = getattr(resource.spec, attr)
             if field not in FRESH_BUCKET or FRESH_BUCKET[field] != desired:
                 self._set(s3, resource, field, desired)
-        return self._observation(resource, region, config, dict(resource.desired_tags))
+        tagged = ObservedTags.of(resource, dict(resource.desired_tags))
+        return self._observation(resource, region, config, tagged)
 
     def update(self, resource: Resource, observation: Observation, diffs: list[FieldDiff]) -> None:
         s3 = self._s3(resource)
@@ -304,13 +291,14 @@ def _expire_days(rules: list[dict[str, Any]]) -> int | str | None:
     return f"{len(rules)} other lifecycle rule(s)"
 
 
-def _diffs(resource: Resource, config: dict[str, Any], tags: dict[str, str]) -> list[FieldDiff]:
+def _diffs(resource: Resource, config: dict[str, Any]) -> list[FieldDiff]:
+    """The bucket's configuration that differs from the spec."""
     diffs = []
     for field, (attr, _) in FIELDS.items():
         desired = getattr(resource.spec, attr)
         if config[field] != desired:
             diffs.append(FieldDiff(field, config[field], desired))
-    return diffs + tag_diffs(tags, resource.desired_tags)
+    return diffs
 
 
 def list_buckets(aws: Aws, region: str) -> Iterator[OwnedResource]:
@@ -384,7 +372,7 @@ KIND = KindDescriptor(
             }
         ),
         conflict=frozenset({"BucketAlreadyExists"}),
-        retryable=frozenset({"SlowDown"}),
+        retryable=frozenset({S3_SLOW_DOWN}),
         # "A conflicting conditional operation is currently in progress against this
         # resource": what CreateBucket answers while a just-deleted bucket's name is held.
         name_held=frozenset({"OperationAborted"}),

@@ -20,11 +20,10 @@ from provisioner.kinds.contract import (
     KindDescriptor,
     Observation,
     OwnedResource,
-    adoptable_by,
     levels,
     owner_of,
 )
-from provisioner.kinds.tagging import tag_changes, tag_diffs
+from provisioner.kinds.tagging import ObservedTags, tag_changes
 from provisioner.model import naming
 from provisioner.model.account import AccountRef
 from provisioner.model.resource import Resource
@@ -47,7 +46,7 @@ class TopicSpec:
         )
 
 
-class SnsClient:
+class SnsClient(tagging.BatchTagLooks):
     tags_on_create = True  # CreateTopic takes tags
 
     def __init__(self, aws: Aws) -> None:
@@ -62,49 +61,39 @@ class SnsClient:
     def _arn(self, region: str, account: AccountRef | None, name: str) -> str:
         return f"arn:aws:sns:{region}:{self.aws.account_id(account)}:{name}"
 
-    def observe(self, resource: Resource) -> Observation:
-        return self._observe(resource, None)
-
-    def observe_tagged(self, resource: Resource, tags: dict[str, str]) -> Observation:
-        """A look whose tags were read in a batch: GetTopicAttributes only, unless the batch
-        shows something to act on (then ListTagsForResource decides, as in `observe`)."""
-        return self._observe(resource, tags)
-
-    def tags_many(
-        self, region: str, names: Sequence[str], account: AccountRef | None = None
-    ) -> dict[str, dict[str, str]]:
-        arns = {self._arn(region, account, name): name for name in names}
-        return tagging.by_name(self.aws, region, arns, account)
+    def arns(self, region: str, names: Sequence[str], account: AccountRef | None) -> dict[str, str]:
+        return {self._arn(region, account, name): name for name in names}
 
     def _observe(self, resource: Resource, batched: dict[str, str] | None) -> Observation:
         sns, arn = self._sns(resource), self.topic_arn(resource)
         try:
             attributes = self.aws.call(sns.get_topic_attributes, TopicArn=arn)["Attributes"]
-            if batched is not None and tagging.stands_in(resource, batched):
-                tags = batched
-            else:
-                tags = _tags(self.aws.call(sns.list_tags_for_resource, ResourceArn=arn))
+            tagged = tagging.observe_tags(
+                resource,
+                batched,
+                lambda: _tags(self.aws.call(sns.list_tags_for_resource, ResourceArn=arn)),
+            )
         except errors.NotFoundError:
             return Observation(exists=False)
-        return self._observation(resource, arn, attributes, tags)
+        return self._observation(resource, arn, attributes, tagged)
 
     @staticmethod
     def _observation(
-        resource: Resource, arn: str, attributes: dict[str, str], tags: dict[str, str]
+        resource: Resource, arn: str, attributes: dict[str, str], tagged: ObservedTags
     ) -> Observation:
         return Observation(
             exists=True,
-            owner_uid=owner_of(tags),
-            adoptable_by=adoptable_by(tags),
+            owner_uid=tagged.owner_uid,
+            adoptable_by=tagged.adoptable_by,
             state="available",
             arn=arn,
-            diffs=_diffs(resource, attributes, tags),
+            diffs=_diffs(resource, attributes) + tagged.diffs,
             connection={
                 "topicArn": arn,
                 "topicName": resource.external_name,
                 "region": resource.region,
             },
-            client_state={"tags": tags},
+            client_state={"tags": tagged.tags},
         )
 
     def create(self, resource: Resource, secrets: dict[str, str]) -> Observation:
@@ -125,7 +114,7 @@ class SnsClient:
                 f"topic {resource.external_name} already exists and is not owned by {resource.ref}",
                 "TopicAlreadyExists",
             )
-        return self._observation(resource, arn, attributes, tags)
+        return self._observation(resource, arn, attributes, ObservedTags.of(resource, tags))
 
     def update(self, resource: Resource, observation: Observation, diffs: list[FieldDiff]) -> None:
         sns, arn = self._sns(resource), observation.arn
@@ -154,12 +143,12 @@ def _tags(answer: dict[str, Any]) -> dict[str, str]:
     return {tag["Key"]: tag["Value"] for tag in answer.get("Tags") or []}
 
 
-def _diffs(resource: Resource, attributes: dict[str, str], tags: dict[str, str]) -> list[FieldDiff]:
-    diffs = []
+def _diffs(resource: Resource, attributes: dict[str, str]) -> list[FieldDiff]:
+    """The topic's attributes that differ from the spec."""
     observed = attributes.get("DisplayName", "")
     if observed != resource.spec.display_name:
-        diffs.append(FieldDiff(DISPLAY_NAME_FIELD, observed, resource.spec.display_name))
-    return diffs + tag_diffs(tags, resource.desired_tags)
+        return [FieldDiff(DISPLAY_NAME_FIELD, observed, resource.spec.display_name)]
+    return []
 
 
 def list_topics(aws: Aws, region: str) -> Iterator[OwnedResource]:

@@ -20,11 +20,10 @@ from provisioner.kinds.contract import (
     KindDescriptor,
     Observation,
     OwnedResource,
-    adoptable_by,
     levels,
     owner_of,
 )
-from provisioner.kinds.tagging import tag_changes, tag_diffs
+from provisioner.kinds.tagging import ObservedTags, tag_changes
 from provisioner.model import naming
 from provisioner.model.account import AccountRef
 from provisioner.model.resource import Dependency, Resource
@@ -69,7 +68,7 @@ ATTRIBUTES = (
 REDRIVE_FIELD = "spec.deadLetter"
 
 
-class SqsClient:
+class SqsClient(tagging.BatchTagLooks):
     tags_on_create = True  # CreateQueue takes tags
 
     def __init__(self, aws: Aws) -> None:
@@ -78,20 +77,9 @@ class SqsClient:
     def _sqs(self, resource: Resource) -> Any:
         return self.aws.client("sqs", resource.region, resource.account)
 
-    def observe(self, resource: Resource) -> Observation:
-        return self._observe(resource, None)
-
-    def observe_tagged(self, resource: Resource, tags: dict[str, str]) -> Observation:
-        """A look whose tags were read in a batch: GetQueueAttributes only, unless the batch
-        shows something to act on (then ListQueueTags decides, as in `observe`)."""
-        return self._observe(resource, tags)
-
-    def tags_many(
-        self, region: str, names: Sequence[str], account: AccountRef | None = None
-    ) -> dict[str, dict[str, str]]:
+    def arns(self, region: str, names: Sequence[str], account: AccountRef | None) -> dict[str, str]:
         partition, owner = self.aws.partition(region), self.aws.account_id(account)
-        arns = {f"arn:{partition}:sqs:{region}:{owner}:{name}": name for name in names}
-        return tagging.by_name(self.aws, region, arns, account)
+        return {f"arn:{partition}:sqs:{region}:{owner}:{name}": name for name in names}
 
     def _observe(self, resource: Resource, batched: dict[str, str] | None) -> Observation:
         sqs, name = self._sqs(resource), resource.external_name
@@ -104,10 +92,11 @@ class SqsClient:
             else:
                 url = self.aws.call(sqs.get_queue_url, QueueName=name)["QueueUrl"]
             attrs = self.aws.call(sqs.get_queue_attributes, QueueUrl=url, AttributeNames=["All"])
-            if batched is not None and tagging.stands_in(resource, batched):
-                tags = batched
-            else:
-                tags = self.aws.call(sqs.list_queue_tags, QueueUrl=url).get("Tags") or {}
+            tagged = tagging.observe_tags(
+                resource,
+                batched,
+                lambda: self.aws.call(sqs.list_queue_tags, QueueUrl=url).get("Tags") or {},
+            )
         except errors.NotFoundError:
             return Observation(exists=False)
         attributes = attrs.get("Attributes") or {}
@@ -119,25 +108,29 @@ class SqsClient:
             wanted,
             resource.account,
         )
-        return self._observation(resource, url, attributes, tags, subscribed)
+        return self._observation(resource, url, attributes, tagged, subscribed)
 
     @staticmethod
     def _observation(
         resource: Resource,
         url: str,
         attributes: dict[str, str],
-        tags: dict[str, str],
+        tagged: ObservedTags,
         subscribed: dict[str, Any],
     ) -> Observation:
         name, arn = resource.external_name, attributes.get("QueueArn", "")
         wanted = subscriptions.desired(resource.spec.subscribe_to, resource.resolved)
         return Observation(
             exists=True,
-            owner_uid=owner_of(tags),
-            adoptable_by=adoptable_by(tags),
+            owner_uid=tagged.owner_uid,
+            adoptable_by=tagged.adoptable_by,
             state="available",
             arn=arn,
-            diffs=_diffs(resource, attributes, tags) + subscriptions.diffs(subscribed, wanted),
+            diffs=(
+                _diffs(resource, attributes)
+                + tagged.diffs
+                + subscriptions.diffs(subscribed, wanted)
+            ),
             connection={
                 "queueUrl": url,
                 "queueArn": arn,
@@ -148,7 +141,7 @@ class SqsClient:
             client_state={
                 "url": url,
                 "attributes": attributes,
-                "tags": tags,
+                "tags": tagged.tags,
                 "subscriptions": subscribed,
             },
         )
@@ -180,7 +173,8 @@ class SqsClient:
             f"arn:{partition}:sqs:{resource.region}:{account}:{resource.external_name}"
         )
         nothing_yet: dict[str, Any] = {"subscriptions": {}, "allowed": []}
-        return self._observation(resource, url, attributes, tags, nothing_yet)
+        tagged = ObservedTags.of(resource, tags)
+        return self._observation(resource, url, attributes, tagged, nothing_yet)
 
     def update(self, resource: Resource, observation: Observation, diffs: list[FieldDiff]) -> None:
         sqs, raw = self._sqs(resource), observation.client_state
@@ -244,7 +238,8 @@ def _parse_redrive(policy: str | None) -> dict[str, Any] | None:
     }
 
 
-def _diffs(resource: Resource, attributes: dict[str, str], tags: dict[str, str]) -> list[FieldDiff]:
+def _diffs(resource: Resource, attributes: dict[str, str]) -> list[FieldDiff]:
+    """The queue's attributes and redrive policy that differ from the spec."""
     diffs = []
     for field, attr, key in ATTRIBUTES:
         desired, text = getattr(resource.spec, attr), attributes.get(key)
@@ -255,7 +250,7 @@ def _diffs(resource: Resource, attributes: dict[str, str], tags: dict[str, str])
     observed_redrive = _parse_redrive(attributes.get("RedrivePolicy"))
     if observed_redrive != desired_redrive:
         diffs.append(FieldDiff(REDRIVE_FIELD, observed_redrive, desired_redrive))
-    return diffs + tag_diffs(tags, resource.desired_tags)
+    return diffs
 
 
 def dependencies(spec: QueueSpec) -> list[Dependency]:

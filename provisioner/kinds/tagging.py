@@ -22,15 +22,19 @@ The tagging API's answer is an index the services update after the fact, so it s
 for a resource's own tag read only when it says nothing worth acting on: the resource is
 ours and tagged exactly as desired (`stands_in`). Anything else (not in the answer, another
 owner, a tag differing) and the look reads the tags from the service itself, as it always
-did, so drift and ownership are decided on the service's own word.
+did, so drift and ownership are decided on the service's own word. `observe_tags` makes
+that choice for a look, and says what the tags it goes by mean (`ObservedTags`);
+`BatchTagLooks` gives a kind's client the looks of `contract.BatchTagReader` around it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from provisioner.kinds.contract import FieldDiff, owner_of
+from provisioner.kinds.contract import FieldDiff, Observation, adoptable_by, owner_of
 from provisioner.model.resource import Resource
 
 if TYPE_CHECKING:
@@ -106,3 +110,66 @@ def stands_in(resource: Resource, tags: dict[str, str] | None) -> bool:
         and owner_of(tags) == resource.uid
         and not tag_diffs(tags, resource.desired_tags)
     )
+
+
+@dataclass(frozen=True)
+class ObservedTags:
+    """The tags a look goes by, and what they say: whose the resource is (its owner-uid
+    tag), which namespace may adopt it, and the "tags" diff when they are not as desired."""
+
+    tags: dict[str, str]
+    owner_uid: str
+    adoptable_by: str
+    diffs: list[FieldDiff]
+
+    @classmethod
+    def of(cls, resource: Resource, tags: dict[str, str]) -> ObservedTags:
+        return cls(
+            tags=tags,
+            owner_uid=owner_of(tags),
+            adoptable_by=adoptable_by(tags),
+            diffs=tag_diffs(tags, resource.desired_tags),
+        )
+
+
+def observe_tags(
+    resource: Resource,
+    batched: dict[str, str] | None,
+    read: Callable[[], dict[str, str]],
+) -> ObservedTags:
+    """The tags of a look at `resource`: `batched` (read for many resources by `tags_by_arn`;
+    None: not read so) when they may stand in for its own tag read, else what `read` (the
+    service's own tag read) answers."""
+    tags = batched if batched is not None and stands_in(resource, batched) else read()
+    return ObservedTags.of(resource, tags)
+
+
+class BatchTagLooks(ABC):
+    """The looks of a kind whose tags the tagging API reads in batches (SQS, SNS, S3),
+    `contract.BatchTagReader`: `observe` and `observe_tagged` are the kind's `_observe`
+    without or with the tags read in a batch (which it hands to `observe_tags`), and
+    `tags_many` reads a batch of tags by the ARNs `arns` names."""
+
+    aws: Aws
+
+    def observe(self, resource: Resource) -> Observation:
+        return self._observe(resource, None)
+
+    def observe_tagged(self, resource: Resource, tags: dict[str, str]) -> Observation:
+        """A look whose tags were read in a batch: the kind's other reads only, unless the
+        batch shows something to act on (then the service's own tag read decides, as in
+        `observe`)."""
+        return self._observe(resource, tags)
+
+    def tags_many(
+        self, region: str, names: Sequence[str], account: AccountRef | None = None
+    ) -> dict[str, dict[str, str]]:
+        return by_name(self.aws, region, self.arns(region, names, account), account)
+
+    @abstractmethod
+    def arns(self, region: str, names: Sequence[str], account: AccountRef | None) -> dict[str, str]:
+        """ARN -> name of the resources of `names` in that region and account."""
+
+    @abstractmethod
+    def _observe(self, resource: Resource, batched: dict[str, str] | None) -> Observation:
+        """Look at the resource; `batched`: its tags read in a batch (None: not read so)."""
