@@ -89,12 +89,14 @@ def failure(resource: Resource, exc: Exception, retry: int, deleting: bool = Fal
             result.fields["externalName"] = resource.external_name
         return result
     if isinstance(exc, errors.ConflictError):
+        ready = cond.DELETING if deleting else cond.UNAVAILABLE
         return Result(
             conditions=[
-                cond.Condition(cond.READY, False, cond.UNAVAILABLE, "the cloud name is taken"),
+                cond.Condition(cond.READY, False, ready, "the cloud name is taken"),
                 cond.Condition(cond.SYNCED, False, cond.NAME_CONFLICT, str(exc)),
             ],
             requeue_after=backoff(retry) if deleting else None,
+            for_generation=not deleting,
             verdict=Verdict.NAME_CONFLICT,
         )
     if isinstance(exc, errors.NameHeldError) and not deleting:

@@ -125,11 +125,7 @@ class Observer:
         if not written:
             return obs
         now = time.monotonic()
-        settling = [
-            d
-            for d in obs.diffs
-            if d.field in written and written[d.field][1] > now and d.desired == written[d.field][0]
-        ]
+        settling = [d for d in obs.diffs if _settling(d, written.get(d.field), now)]
         if settling:
             state.recent_writes = {d.field: written[d.field] for d in settling}
             obs.diffs = [d for d in obs.diffs if d not in settling]
@@ -148,5 +144,14 @@ class Observer:
         state = self.states.of(resource.uid)
         state.recent_writes = {
             **(state.recent_writes or {}),
-            **{d.field: (d.desired, until) for d in written},
+            **{d.field: (d.desired, until, d.observed) for d in written},
         }
+
+
+def _settling(diff: FieldDiff, written: tuple[Any, float, Any] | None, now: float) -> bool:
+    """The cloud still shows the value it had before our write of `diff`'s field, within
+    that write's settle time (a third value is someone else's: a diff as any other)."""
+    if written is None:
+        return False
+    value, until, previous = written
+    return until > now and diff.desired == value and diff.observed == previous

@@ -42,12 +42,13 @@ def _top(diff_field: str) -> str:
 def last_handled_spec(body: Mapping[str, Any]) -> dict[str, Any] | None:
     """The spec kopf last handled successfully (its diff base in status.kopf), None if none."""
     stored = ((body.get("status") or {}).get("kopf") or {}).get("lastHandledConfiguration")
-    if not stored:
+    if not stored or not isinstance(stored, str):
         return None
     try:
-        return dict(json.loads(stored).get("spec") or {})
+        spec = json.loads(stored).get("spec") or {}
     except (ValueError, AttributeError):
         return None
+    return dict(spec) if isinstance(spec, Mapping) else None
 
 
 def requested_fields(

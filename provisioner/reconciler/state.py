@@ -24,8 +24,9 @@ class ResourceState:
     # handlers are done, so nothing but the next resync looks at it again.
     failed_resync: bool = False
     # Fields written recently to a kind whose reads may lag behind writes (SQS): field ->
-    # (value written, monotonic time until which an old value may still show).
-    recent_writes: dict[str, tuple[Any, float]] | None = None
+    # (value written, monotonic time until which the previous value may still show, that
+    # previous value).
+    recent_writes: dict[str, tuple[Any, float, Any]] | None = None
     # Its change handler is requeued (waiting on the cloud: creating, a name held, a write
     # settling) and looks again itself; a resync in between would only poll once more.
     requeued: bool = False
