@@ -150,14 +150,26 @@ def load_profile(
         "time scale",
         positive=True,
     )
+    table = _durations(data, durations or [])
+    throttling = _throttling(data, throttles or [])
+    return Profile(name=name, time_scale=scale, durations=table, throttling=throttling)
+
+
+def _durations(data: dict[str, Any], overrides: list[str]) -> dict[str, tuple[float, float]]:
+    """The profile file's durations, with `NAME=MIN[:MAX]` overrides applied."""
     table = {k: _duration(v, f"duration {k}") for k, v in (data.get("durations") or {}).items()}
-    for item in durations or []:
+    for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or key not in table:
             raise ProfileError(
                 f"duration {item!r}: expected NAME=MIN[:MAX] with NAME one of {', '.join(table)}"
             )
         table[key] = _duration(value.split(":") if ":" in value else value, f"duration {key}")
+    return table
+
+
+def _throttling(data: dict[str, Any], overrides: list[str]) -> dict[str, ServiceThrottling]:
+    """The profile file's throttling, with `SERVICE.BUCKET=BURST:RATE|off` overrides applied."""
     services: dict[str, dict[str, Any]] = {}
     for service, spec in (data.get("throttling") or {}).items():
         error = spec.get("error") or {}
@@ -170,7 +182,7 @@ def load_profile(
                 for b, v in (spec.get("buckets") or {}).items()
             },
         }
-    for item in throttles or []:
+    for item in overrides:
         key, sep, value = item.partition("=")
         service, _, bucket = key.partition(".")
         known = services.get(service, {}).get("buckets", {})
@@ -191,8 +203,7 @@ def load_profile(
             {"burst": burst, "rate": rate, "actions": old.actions if old else None},
             f"throttle {key}",
         )
-    throttling = {s: ServiceThrottling(**v) for s, v in services.items()}
-    return Profile(name=name, time_scale=scale, durations=table, throttling=throttling)
+    return {s: ServiceThrottling(**v) for s, v in services.items()}
 
 
 def names_help() -> str:

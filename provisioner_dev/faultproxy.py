@@ -98,16 +98,22 @@ def error_response(protocol: str, status: int, code: str, message: str) -> web.R
     return web.Response(status=status, body=body, content_type="text/xml")
 
 
-def make_app(state: ProxyState) -> web.Application:
-    session: dict[str, ClientSession] = {}
+class FaultProxyApp:
+    """The proxy's handlers: each call counted, then a fault injected or the call forwarded."""
 
-    async def on_startup(app: web.Application) -> None:
-        session["s"] = ClientSession(timeout=ClientTimeout(total=60), auto_decompress=False)
+    def __init__(self, state: ProxyState) -> None:
+        self.state = state
+        self.session: ClientSession | None = None
 
-    async def on_cleanup(app: web.Application) -> None:
-        await session["s"].close()
+    async def open(self, app: web.Application) -> None:
+        self.session = ClientSession(timeout=ClientTimeout(total=60), auto_decompress=False)
 
-    async def control(request: web.Request) -> web.Response:
+    async def close(self, app: web.Application) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+    async def control(self, request: web.Request) -> web.Response:
+        state = self.state
         action = request.path[len(CONTROL) :]
         if action == "stats":
             return web.json_response(state.stats())
@@ -122,9 +128,10 @@ def make_app(state: ProxyState) -> web.Application:
             return web.json_response({"rate": state.rate, "faults": list(state.faults)})
         return web.json_response({"error": "unknown"}, status=404)
 
-    async def handle(request: web.Request) -> web.StreamResponse:
+    async def handle(self, request: web.Request) -> web.StreamResponse:
         if request.path.startswith(CONTROL):
-            return await control(request)
+            return await self.control(request)
+        state = self.state
         body = await request.read()
         service, operation, protocol = classify_request(request, body)
         fault = None
@@ -132,6 +139,16 @@ def make_app(state: ProxyState) -> web.Application:
             fault = state.rng.choice(state.faults)
         key = f"{service}|{operation}|{fault or 'forwarded'}"
         state.counts[key] += 1
+        injected = self.answer_for(fault, protocol, request)
+        if injected is not None:
+            return injected
+        if fault == "slow":
+            await asyncio.sleep(state.slow_seconds)
+        return await self.forward(request, body, lost=fault == "lost")
+
+    @staticmethod
+    def answer_for(fault: str | None, protocol: str, request: web.Request) -> web.Response | None:
+        """The answer a fault gives instead of the cloud's; None when the call goes on."""
         if fault == "throttle":
             code = "SlowDown" if protocol == "rest-xml" else "Throttling"
             status = 503 if protocol == "rest-xml" else 400
@@ -145,15 +162,19 @@ def make_app(state: ProxyState) -> web.Application:
             if request.transport is not None:
                 request.transport.abort()
             return web.Response(status=502)
-        if fault == "slow":
-            await asyncio.sleep(state.slow_seconds)
+        return None
+
+    async def forward(self, request: web.Request, body: bytes, lost: bool) -> web.Response:
+        """The upstream's answer; `lost`: the upstream acts on the call, the client never
+        hears of it."""
+        assert self.session is not None, "the app has not started"
         headers = {
             k: v
             for k, v in request.headers.items()
             if k.lower() not in ("host", "content-length", "transfer-encoding", "connection")
         }
-        url = state.upstream.rstrip("/") + request.rel_url.raw_path_qs
-        async with session["s"].request(
+        url = self.state.upstream.rstrip("/") + request.rel_url.raw_path_qs
+        async with self.session.request(
             request.method, url, headers=headers, data=body, allow_redirects=False
         ) as upstream:
             payload = await upstream.read()
@@ -165,15 +186,18 @@ def make_app(state: ProxyState) -> web.Application:
             }
             if "Content-Encoding" in upstream.headers:
                 out_headers["Content-Encoding"] = upstream.headers["Content-Encoding"]
-            if fault == "lost" and request.transport is not None:
+            if lost and request.transport is not None:
                 request.transport.abort()
                 return web.Response(status=502)
             return web.Response(status=upstream.status, body=payload, headers=out_headers)
 
+
+def make_app(state: ProxyState) -> web.Application:
+    proxy = FaultProxyApp(state)
     app = web.Application(client_max_size=64 * 1024 * 1024)
-    app.router.add_route("*", "/{tail:.*}", handle)
-    app.on_startup.append(on_startup)
-    app.on_cleanup.append(on_cleanup)
+    app.router.add_route("*", "/{tail:.*}", proxy.handle)
+    app.on_startup.append(proxy.open)
+    app.on_cleanup.append(proxy.close)
     return app
 
 

@@ -85,7 +85,9 @@ def cannot_build(need_mirror: bool = True) -> str | None:
     return None
 
 
-def _run(cmd: list[str], log: Path | None = None, **kwargs: object) -> str:
+def run_tool(cmd: list[str], log: Path | None = None, **kwargs: object) -> str:
+    """Run buildah, mmdebstrap or runc: its output; with `log`, its output goes there (and
+    "" is returned). ImageError, with the error's last lines, when it fails."""
     if log is None:
         result = subprocess.run(cmd, capture_output=True, text=True, **kwargs)  # type: ignore[call-overload]
         if result.returncode != 0:
@@ -150,7 +152,7 @@ def base_tarball(log: Path) -> Path:
     _note(f"making the base with mmdebstrap ({SUITE}, minbase, {' '.join(BASE_PACKAGES)})")
     partial = target.with_suffix(".partial.tar")
     partial.unlink(missing_ok=True)
-    _run(base_command(partial), log)
+    run_tool(base_command(partial), log)
     partial.rename(target)
     return target
 
@@ -176,7 +178,7 @@ def import_base(tarball: Path, log: Path) -> str:
         (context / "Containerfile").write_text(
             'FROM scratch\nADD rootfs.tar /\nCMD ["/usr/bin/python3"]\n'
         )
-        _run(
+        run_tool(
             [
                 "buildah",
                 *STORAGE,
@@ -243,7 +245,7 @@ def build(log: Path | None = None, tag_version: bool = True) -> BuiltImage:
         log.write_text("")  # the log of this build only
         base = import_base(base_tarball(log), log)
         _note(f"building {ref} from the Dockerfile (base {base}); log in {log}")
-        _run(
+        run_tool(
             [
                 "buildah", *STORAGE, "bud", "--isolation", "chroot", "--layers=false",
                 "--pull=false", "--build-arg", f"BASE_IMAGE={base}", *_pip_trust(),
@@ -253,7 +255,7 @@ def build(log: Path | None = None, tag_version: bool = True) -> BuiltImage:
         )  # fmt: skip
         built = True
     if tag_version:
-        _run(["buildah", *STORAGE, "tag", ref, VERSION_TAG])
+        run_tool(["buildah", *STORAGE, "tag", ref, VERSION_TAG])
     if built:
         _forget_older(ref)
     return BuiltImage(ref=ref, built=built, seconds=time.monotonic() - started)
@@ -261,7 +263,7 @@ def build(log: Path | None = None, tag_version: bool = True) -> BuiltImage:
 
 def _forget_older(ref: str) -> None:
     """Untag the images of earlier trees (vfs keeps full copies: they add up)."""
-    out = _run(["buildah", *STORAGE, "images", "--format", "{{.Name}}:{{.Tag}}"])
+    out = run_tool(["buildah", *STORAGE, "images", "--format", "{{.Name}}:{{.Tag}}"])
     for name in out.split():
         if name.startswith(f"{IMAGE_NAME}:") and name not in (ref, f"localhost/{VERSION_TAG}"):
             subprocess.run(["buildah", *STORAGE, "rmi", name], capture_output=True)
@@ -269,7 +271,7 @@ def _forget_older(ref: str) -> None:
 
 def image_config(ref: str) -> dict:
     """The image's OCI config (entrypoint, env, user, working directory)."""
-    out = _run(["buildah", *STORAGE, "inspect", "--type", "image", ref])
+    out = run_tool(["buildah", *STORAGE, "inspect", "--type", "image", ref])
     return dict(json.loads(out)["OCIv1"]["config"])
 
 
@@ -278,8 +280,8 @@ class Rootfs:
 
     def __init__(self, ref: str) -> None:
         self.ref = ref
-        self.container = _run(["buildah", *STORAGE, "from", "--pull=false", ref]).strip()
-        self.path = Path(_run(["buildah", *STORAGE, "mount", self.container]).strip())
+        self.container = run_tool(["buildah", *STORAGE, "from", "--pull=false", ref]).strip()
+        self.path = Path(run_tool(["buildah", *STORAGE, "mount", self.container]).strip())
 
     def remove(self) -> None:
         subprocess.run(["buildah", *STORAGE, "rm", self.container], capture_output=True)
@@ -347,139 +349,3 @@ def image_contents(ref: str) -> list[str]:
         return lines
     finally:
         rootfs.remove()
-
-
-SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
-
-
-def _bind(source: str | Path, destination: str) -> dict:
-    return {
-        "destination": destination,
-        "type": "bind",
-        "source": str(source),
-        "options": ["rbind", "ro", "nosuid", "nodev"],
-    }
-
-
-def runc_config(
-    rootfs: Path, config: dict, args: list[str], env: dict[str, str], service_account: Path
-) -> dict:
-    """An OCI runtime config the way a kubelet would run the pod's container: the image's
-    user, a read-only root, a tmpfs at /tmp, the ServiceAccount volume, no capabilities, and
-    the host's network (the API server and the cloud are on its loopback)."""
-    user = str(config.get("User") or "0")
-    uid, _, gid = user.partition(":")
-    image_env = dict(e.split("=", 1) for e in config.get("Env") or [])
-    return {
-        "ociVersion": "1.0.2",
-        "process": {
-            "terminal": False,
-            "user": {"uid": int(uid), "gid": int(gid or uid)},
-            "args": [*(config.get("Entrypoint") or []), *args],
-            "env": [f"{k}={v}" for k, v in {**image_env, **env}.items()],
-            "cwd": config.get("WorkingDir") or "/",
-            "capabilities": {k: [] for k in ("bounding", "effective", "permitted", "inheritable")},
-            "noNewPrivileges": True,
-        },
-        "root": {"path": str(rootfs), "readonly": True},
-        "mounts": [
-            {"destination": "/proc", "type": "proc", "source": "proc"},
-            {
-                "destination": "/dev",
-                "type": "tmpfs",
-                "source": "tmpfs",
-                "options": ["nosuid", "strictatime", "mode=755", "size=65536k"],
-            },
-            {
-                "destination": "/dev/pts",
-                "type": "devpts",
-                "source": "devpts",
-                "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"],
-            },
-            {
-                "destination": "/dev/shm",
-                "type": "tmpfs",
-                "source": "shm",
-                "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"],
-            },
-            _bind("/sys", "/sys"),
-            {
-                "destination": "/tmp",
-                "type": "tmpfs",
-                "source": "tmpfs",
-                "options": ["nosuid", "nodev", "mode=1777", "size=64m"],
-            },
-            _bind(service_account, SERVICE_ACCOUNT_DIR),
-            _bind("/etc/hosts", "/etc/hosts"),
-            _bind("/etc/resolv.conf", "/etc/resolv.conf"),
-        ],
-        "linux": {
-            "namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "mount"}],
-            "maskedPaths": [
-                "/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
-                "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi",
-                "/sys/firmware",
-            ],
-            "readonlyPaths": [
-                "/proc/asound", "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys",
-                "/proc/sysrq-trigger",
-            ],
-        },
-    }  # fmt: skip
-
-
-class RuncContainer:
-    """The image run by runc from a bundle in `bundle_dir`; its output goes to `log`."""
-
-    def __init__(self, name: str, bundle_dir: Path, log: Path) -> None:
-        self.name = name
-        self.bundle = bundle_dir
-        self.log = log
-
-    def create(self, config: dict) -> None:
-        """Set up the container (mounts, namespaces) without starting its process."""
-        self.bundle.mkdir(parents=True, exist_ok=True)
-        (self.bundle / "config.json").write_text(json.dumps(config, indent=1))
-        with self.log.open("ab") as out:
-            result = subprocess.run(
-                ["runc", "create", "--bundle", str(self.bundle), self.name],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=out,
-                timeout=60,
-            )
-        if result.returncode != 0:
-            raise ImageError(f"runc create failed ({result.returncode}): {self.log_tail()}")
-
-    def start(self) -> None:
-        _run(["runc", "start", self.name])
-
-    def state(self) -> dict | None:
-        result = subprocess.run(["runc", "state", self.name], capture_output=True, text=True)
-        return json.loads(result.stdout) if result.returncode == 0 else None
-
-    def stop(self, timeout: float = 30) -> str | None:
-        """SIGTERM, as a kubelet stops a pod; the status it ended in ("stopped" is clean)."""
-        subprocess.run(["runc", "kill", self.name, "TERM"], capture_output=True)
-        deadline = time.monotonic() + timeout
-        state = self.state()
-        while state and state.get("status") != "stopped" and time.monotonic() < deadline:
-            time.sleep(0.2)
-            state = self.state()
-        subprocess.run(["runc", "delete", "--force", self.name], capture_output=True)
-        return state.get("status") if state else None
-
-    def log_tail(self, lines: int = 20) -> str:
-        text = self.log.read_text(errors="replace") if self.log.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
-
-
-def tree_state(root: Path) -> dict[str, tuple[int, int, int, int]]:
-    """Every path under `root` with its mode, owner, size and modification time."""
-    found = {}
-    for dirpath, dirs, files in os.walk(root):
-        for name in dirs + files:
-            p = os.path.join(dirpath, name)
-            st = os.lstat(p)
-            found[os.path.relpath(p, root)] = (st.st_mode, st.st_uid, st.st_size, st.st_mtime_ns)
-    return found

@@ -58,28 +58,13 @@ def cloud_bound(
     first create); with them, the bounds paced by the creates too.
     """
     arrivals = arrivals or {}
-    buckets: dict[str, Any] = {}
-    for name, row in (stats.get("buckets") or {}).items():
-        seconds = max(0.0, row["calls"] - row["burst"]) / row["rate"]
-        service = name.split(".", 1)[0]
-        # Buckets per S3 bucket: each is used by one CR, so its own calls are what count.
-        if row.get("per") == "account" and arrivals.get(service):
-            at = paced(arrivals[service], row["calls"], row["burst"], row["rate"])
-        else:
-            at = seconds
-        buckets[name] = {**row, "bound_s": round(seconds, 2), "paced_bound_s": round(at, 2)}
+    buckets = bucket_bounds(stats.get("buckets") or {}, arrivals)
     binding = max(buckets, key=lambda b: buckets[b]["bound_s"], default=None)
     rate_s = buckets[binding]["bound_s"] if binding else 0.0
     paced_binding = max(buckets, key=lambda b: buckets[b]["paced_bound_s"], default=None)
     paced_rate_s = buckets[paced_binding]["paced_bound_s"] if paced_binding else 0.0
     drawn = stats.get("durations_drawn") or {}
-    slow = {name: drawn[name] for name in NOT_READY_STATES if name in drawn}
-    slow_name = max(slow, key=lambda n: slow[n]["max_s"], default=None)
-    slow_s = slow[slow_name]["max_s"] if slow_name else 0.0
-    last_db = max(arrivals.get("rds") or [0.0])
-    paced_slow_s = max(
-        [slow_s] + [last_db + slow[n].get("min_s", 0.0) for n in slow if arrivals.get("rds")]
-    )
+    slow_name, slow_s, paced_slow_s = slow_bounds(drawn, arrivals)
     bound_s = max(rate_s, slow_s)
     paced_s = max(paced_rate_s, paced_slow_s)
     ratio = all_ready_s / bound_s if all_ready_s is not None and bound_s > 0 else None
@@ -109,3 +94,36 @@ def cloud_bound(
         ),
         "paced_ratio": None if paced_ratio is None else round(paced_ratio, 3),
     }
+
+
+def bucket_bounds(
+    rows: dict[str, Any], arrivals: Mapping[str, Sequence[float]]
+) -> dict[str, dict[str, Any]]:
+    """Per throttling bucket (the proxy's stats' rows), its rate bound (`bound_s`) and the
+    bound paced by the creates (`paced_bound_s`)."""
+    buckets: dict[str, dict[str, Any]] = {}
+    for name, row in rows.items():
+        seconds = max(0.0, row["calls"] - row["burst"]) / row["rate"]
+        service = name.split(".", 1)[0]
+        # Buckets per S3 bucket: each is used by one CR, so its own calls are what count.
+        if row.get("per") == "account" and arrivals.get(service):
+            at = paced(arrivals[service], row["calls"], row["burst"], row["rate"])
+        else:
+            at = seconds
+        buckets[name] = {**row, "bound_s": round(seconds, 2), "paced_bound_s": round(at, 2)}
+    return buckets
+
+
+def slow_bounds(
+    drawn: dict[str, Any], arrivals: Mapping[str, Sequence[float]]
+) -> tuple[str | None, float, float]:
+    """The slow state that binds (of the durations drawn), its bound (the longest drawn), and
+    the bound paced by the creates (the last RDS create plus the shortest drawn)."""
+    slow = {name: drawn[name] for name in NOT_READY_STATES if name in drawn}
+    slow_name = max(slow, key=lambda n: slow[n]["max_s"], default=None)
+    slow_s = slow[slow_name]["max_s"] if slow_name else 0.0
+    last_db = max(arrivals.get("rds") or [0.0])
+    paced_slow_s = max(
+        [slow_s] + [last_db + slow[n].get("min_s", 0.0) for n in slow if arrivals.get("rds")]
+    )
+    return slow_name, slow_s, paced_slow_s

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from provisioner_dev import image
+from provisioner_dev import image, runc
 from provisioner_dev.awsenv import aws_env
 from provisioner_dev.launch import SERVICE_ACCOUNT_NAMESPACE
 from provisioner_dev.processes import free_port
@@ -117,10 +117,10 @@ def test_image_runs_as_a_pod_would(
     ]
     sa = service_account_volume(cluster, work / "serviceaccount")
     assert not any(e.startswith("KUBECONFIG=") for e in config.get("Env") or [])
-    container = image.RuncContainer(f"provisioner-{own}", work / "bundle", work / "operator.log")
-    container.create(image.runc_config(rootfs, config, args, env, sa))
+    container = runc.RuncContainer(f"provisioner-{own}", work / "bundle", work / "operator.log")
+    container.create(runc.runc_config(rootfs, config, args, env, sa))
     # runc has made its mount points; from here on the root filesystem must not change.
-    before = image.tree_state(rootfs)
+    before = runc.tree_state(rootfs)
     status = None
     try:
         container.start()
@@ -157,7 +157,7 @@ def test_image_runs_as_a_pod_would(
         status = container.stop()
     assert status == "stopped", f"not stopped by SIGTERM: {status}\n{container.log_tail()}"
 
-    after = image.tree_state(rootfs)
+    after = runc.tree_state(rootfs)
     changed = sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))
     assert changed == [], f"written outside /tmp: {changed[:10]}"
     text = container.log.read_text(errors="replace")

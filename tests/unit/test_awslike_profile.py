@@ -8,7 +8,7 @@ import re
 import pytest
 
 from provisioner.cli import main
-from provisioner_dev.awslike import Throttler
+from provisioner_dev.awslike_throttling import Throttler
 from provisioner_dev.cloudprofile import PROFILE_DIR, ProfileError, load_profile
 
 

@@ -68,12 +68,12 @@ def test_same_size_other_content_means_rebuild(tmp_path, monkeypatch):
 def test_build_progress_shows_a_bar_and_the_time_left(monkeypatch):
     import io
 
-    from provisioner_dev import binaries
+    from provisioner_dev import buildprogress
 
     clock = [1000.0]
-    monkeypatch.setattr(binaries.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(buildprogress.time, "monotonic", lambda: clock[0])
     out = io.StringIO()  # not a terminal: a line every 15 s
-    progress = binaries.BuildProgress("building k8s v1.37.2", total=2000, stream=out)
+    progress = buildprogress.BuildProgress("building k8s v1.37.2", total=2000, stream=out)
     for _ in range(10):
         clock[0] += 1.0
         progress.compiled(50)
