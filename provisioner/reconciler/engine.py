@@ -16,7 +16,6 @@ schedules by is the pass's typed `Verdict`, never a condition's reason.
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -79,7 +78,7 @@ class Reconciler:
         self.post_event = post_event
         self.directory = directory
         self.states = States()
-        self.workers = Workers(settings.workers, settings.passes_per_namespace, self.states)
+        self.workers = Workers(settings, clients, self.states)
         self.placement = Placement(settings, directory, own_account, self.workers, self.states)
         self.observer = Observer(clients, self.workers, self.states)
         self.dependencies = Dependencies(kube, self.workers)
@@ -97,6 +96,7 @@ class Reconciler:
         self.executor = self.workers.executor
         self.look_executor = self.workers.look_executor
         self.prefetch = self.observer.prefetch
+        self.look_backlog = self.workers.look_backlog
         self.known_placement = self.placement.known
         self.affected = self.placement.affected
         self.emit = self.events.emit
@@ -126,26 +126,6 @@ class Reconciler:
         # A paused resource gets no cloud call at all, batched reads included.
         self.states.of(resource.uid).paused = resource.paused
         return resource
-
-    def look_backlog(self, kind: str, region: str, account: Any = None) -> float:
-        """Seconds a periodic look of `kind` (in that account and region) should wait rather
-        than start now; 0: start it. The resync defers it by that much instead of queueing
-        it (creates and changes go first):
-
-        - while change passes fill every slot: to a random time in the next period. A look
-          costs about what a create costs; with thousands of resources the looks coming due
-          during a long burst of creates would otherwise take a share of the API server and
-          the cloud that grows with the number of resources. Spread over the next period,
-          those put off during a burst do not all come back together when it ends;
-        - the seconds the calls already waiting on the call budget of `kind`'s service
-          still wait, when any does."""
-        if self.workers.changes_busy:
-            return self.settings.resync_seconds * random.uniform(0.1, 1.0)
-        budget = getattr(getattr(self.clients.get(kind), "aws", None), "budget", None)
-        if budget is None:
-            return 0.0
-        service = kinds.descriptor(kind).service
-        return float(budget.backlog(service, region, account.account_id if account else ""))
 
     # -- entry points ---------------------------------------------------------------
 

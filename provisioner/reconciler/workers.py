@@ -12,11 +12,15 @@ import asyncio
 import contextlib
 import contextvars
 import math
+import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, TypeVar
 
 from provisioner.aws.turns import CALLER
+from provisioner.config import Settings
+from provisioner.kinds import registry as kinds
+from provisioner.kinds.contract import ExternalClient
 from provisioner.reconciler.fair_slots import ContextThreadPool, FairSlots
 from provisioner.reconciler.state import States
 
@@ -28,9 +32,14 @@ LOOKING: contextvars.ContextVar[bool] = contextvars.ContextVar("looking", defaul
 
 
 class Workers:
-    def __init__(self, workers: int, passes_per_namespace: int, states: States) -> None:
-        self.workers = max(1, workers)
+    def __init__(
+        self, settings: Settings, clients: Mapping[str, ExternalClient], states: States
+    ) -> None:
+        self.settings = settings
+        self.clients = clients
+        self.workers = max(1, settings.workers)
         self.states = states
+        passes_per_namespace = settings.passes_per_namespace
         # Its calls run in the pass's context: the call budget sees whose they are (CALLER).
         self.executor = ContextThreadPool(max_workers=self.workers, thread_name_prefix="cloud")
         looks = max(1, self.workers // 2)
@@ -94,3 +103,23 @@ class Workers:
     def changes_busy(self) -> bool:
         """Whether change passes fill every slot (or wait for one)."""
         return self.changes_in_flight >= self.workers
+
+    def look_backlog(self, kind: str, region: str, account: Any = None) -> float:
+        """Seconds a periodic look of `kind` (in that account and region) should wait rather
+        than start now; 0: start it. The resync defers it by that much instead of queueing
+        it (creates and changes go first):
+
+        - while change passes fill every slot: to a random time in the next period. A look
+          costs about what a create costs; with thousands of resources the looks coming due
+          during a long burst of creates would otherwise take a share of the API server and
+          the cloud that grows with the number of resources. Spread over the next period,
+          those put off during a burst do not all come back together when it ends;
+        - the seconds the calls already waiting on the call budget of `kind`'s service
+          still wait, when any does."""
+        if self.changes_busy:
+            return self.settings.resync_seconds * random.uniform(0.1, 1.0)
+        budget = getattr(getattr(self.clients.get(kind), "aws", None), "budget", None)
+        if budget is None:
+            return 0.0
+        service = kinds.descriptor(kind).service
+        return float(budget.backlog(service, region, account.account_id if account else ""))

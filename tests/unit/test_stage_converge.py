@@ -47,7 +47,7 @@ class World:
             "DatabaseInstance": FakePasswordCloud("DatabaseInstance", journal=self.journal),
         }
         self.states = States()
-        self.workers = Workers(2, 0, self.states)
+        self.workers = Workers(Settings(workers=2, namespace_max_passes=0), {}, self.states)
         self.observer = Observer(self.clouds, self.workers, self.states)
         placement = Placement(SETTINGS, None, None, self.workers, self.states)
         self.converge = Converge(

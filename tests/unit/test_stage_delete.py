@@ -53,7 +53,7 @@ class World:
         self.cloud = FakeCloud("Queue", journal=self.journal)
         clients: dict[str, Any] = {"Queue": self.cloud}
         self.states = States()
-        self.workers = Workers(2, 0, self.states)
+        self.workers = Workers(Settings(workers=2, namespace_max_passes=0), {}, self.states)
         observer = Observer(clients, self.workers, self.states)
         self.secret = ConnectionSecret(self.kube, self.workers, self.states)  # type: ignore[arg-type]
         self.grants = Grants()

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from provisioner import API_VERSION
+from provisioner.config import Settings
 from provisioner.kinds import registry as kinds
 from provisioner.kinds import sqs
 from provisioner.model import conditions as cond
@@ -33,7 +34,7 @@ NOT_READY = {"type": cond.READY, "status": "False", "reason": cond.CREATING}
 class World:
     def __init__(self) -> None:
         self.kube = FakeKube()
-        self.workers = Workers(2, 0, States())
+        self.workers = Workers(Settings(workers=2, namespace_max_passes=0), {}, States())
         self.dependencies = Dependencies(self.kube, self.workers)  # type: ignore[arg-type]
 
     def target(self, status: dict[str, Any], deleting: bool = False) -> None:

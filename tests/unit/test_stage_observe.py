@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from provisioner.aws import errors
+from provisioner.config import Settings
 from provisioner.kinds import registry as kinds
 from provisioner.kinds.contract import BatchObserver, BatchTagReader, FieldDiff, Observation
 from provisioner.model.resource import Resource
@@ -82,7 +83,7 @@ class World:
     def __init__(self, cloud: FakeCloud) -> None:
         self.cloud = cloud
         self.states = States()
-        self.workers = Workers(2, 0, self.states)
+        self.workers = Workers(Settings(workers=2, namespace_max_passes=0), {}, self.states)
         self.observer = Observer({"Queue": cloud}, self.workers, self.states)
 
     def observe(self, resource: Resource, resync: bool = False) -> Observation:

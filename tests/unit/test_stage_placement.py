@@ -49,7 +49,7 @@ def directory() -> Directory:
 class World:
     def __init__(self, served: bool = True, own_account: Any = lambda: OWN_ID) -> None:
         self.states = States()
-        self.workers = Workers(2, 0, self.states)
+        self.workers = Workers(Settings(workers=2, namespace_max_passes=0), {}, self.states)
         self.directory = directory() if served else None
         self.placement = Placement(SETTINGS, self.directory, own_account, self.workers, self.states)
 

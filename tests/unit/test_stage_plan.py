@@ -46,7 +46,7 @@ class World:
         self.kube = ClockKube()
         self.cloud = FakeCloud("Queue", journal=self.kube.journal)
         self.states = States()
-        self.workers = Workers(2, 0, self.states)
+        self.workers = Workers(Settings(workers=2, namespace_max_passes=0), {}, self.states)
         clients: dict[str, Any] = {"Queue": self.cloud}
         placement = Placement(SETTINGS, None, None, self.workers, self.states)
         self.planner = Planner(

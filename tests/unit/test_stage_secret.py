@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from provisioner.aws import errors
+from provisioner.config import Settings
 from provisioner.kinds import registry as kinds
 from provisioner.kinds.contract import Observation
 from provisioner.model import annotations as annotation_keys
@@ -37,7 +38,7 @@ class World:
         self.queue = FakeCloud("Queue", journal=self.journal)
         self.db = FakePasswordCloud("DatabaseInstance", journal=self.journal)
         self.states = States()
-        self.workers = Workers(2, 0, self.states)
+        self.workers = Workers(Settings(workers=2, namespace_max_passes=0), {}, self.states)
         self.secret = ConnectionSecret(self.kube, self.workers, self.states)  # type: ignore[arg-type]
 
     def cloud(self, r: Resource) -> FakeCloud:

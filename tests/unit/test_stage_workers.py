@@ -13,13 +13,14 @@ from collections.abc import Iterator
 import pytest
 
 from provisioner.aws.turns import CALLER
+from provisioner.config import Settings
 from provisioner.reconciler.state import States
 from provisioner.reconciler.workers import LOOKING, Workers
 
 
 @pytest.fixture
 def workers() -> Iterator[Workers]:
-    made = Workers(2, 0, States())
+    made = Workers(Settings(workers=2, namespace_max_passes=0), {}, States())
     try:
         yield made
     finally:
@@ -42,7 +43,7 @@ def thread_name() -> str:
 
 def test_bounds():
     states = States()
-    made = Workers(0, 0, states)
+    made = Workers(Settings(workers=0, namespace_max_passes=0), {}, states)
     try:
         assert made.workers == 1  # never less than one
         assert made.states is states
