@@ -35,7 +35,7 @@ test-fast: $(STAMP)
 # installed once into ~/.cache/provisioner), and a DatabaseInstance that must fail clearly.
 test-localstack: $(TEST_BINARIES)
 	PROVISIONER_TEST_CLOUD=localstack $(PY) -m pytest tests/e2e/test_bucket.py \
-		tests/e2e/test_queue.py tests/e2e/test_localstack.py
+		tests/e2e/test_queue.py tests/e2e/test_bucket_notifications.py tests/e2e/test_localstack.py
 
 # The operator's image from the Dockerfile, with buildah (vfs storage, chroot isolation) on a
 # base made from Debian's packages by mmdebstrap (no registry needed). Needs root; installs

@@ -28,8 +28,9 @@ PACKAGES = [
     "cryptography==43.0.3",
     "service-identity==23.1.0",
 ]
-# The services of the kinds LocalStack's free edition offers (RDS is not among them).
-SERVICES = tuple(sorted({k.service for k in KINDS if k.on_localstack}))
+# The services of the kinds LocalStack's free edition offers (RDS is not among them), and STS,
+# which tells the operator its account id (a Topic's ARN is built from it).
+SERVICES = tuple(sorted({k.service for k in KINDS if k.on_localstack} | {"sts"}))
 
 
 def venv_dir() -> Path:

@@ -52,8 +52,9 @@ class Observation:
     diffs: list[FieldDiff] = field(default_factory=list)
     # Connection Secret values the cloud knows (never a password).
     connection: dict[str, str] = field(default_factory=dict)
-    # Extra status fields for this kind (`endpoint`, `queueUrl`).
-    status: dict[str, str] = field(default_factory=dict)
+    # Extra status fields for this kind (`endpoint`, `queueUrl`, a bucket's `notifications`);
+    # None removes one.
+    status: dict[str, Any] = field(default_factory=dict)
     # What the client read and needs again in update or delete (a queue's URL, the tags it
     # found), so that those calls do not read it a second time. Only the client reads it.
     client_state: dict[str, Any] = field(default_factory=dict)
@@ -210,6 +211,11 @@ class KindDescriptor:
     # kind offers no `spec.access`.
     access_actions: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     access_resources: Callable[[str], list[str]] = lambda arn: [arn]
+    # `Observation.status` fields that record what `update` and `delete` make beyond the
+    # resource itself (a bucket's statements in the policies of its notification targets).
+    # The reconciler writes them to status right before those calls whenever they differ
+    # from it, so that a crash during a call leaves the record for the next pass to find.
+    recorded_status: tuple[str, ...] = ()
 
 
 def levels(

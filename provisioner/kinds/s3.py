@@ -10,7 +10,7 @@ from provisioner.aws import errors
 from provisioner.aws.codes import S3_SLOW_DOWN
 from provisioner.aws.errors import ErrorCodes
 from provisioner.aws.session import Aws
-from provisioner.kinds import tagging
+from provisioner.kinds import notifications, s3_settings, tagging
 from provisioner.kinds.contract import (
     FieldDiff,
     KindDescriptor,
@@ -33,6 +33,10 @@ class BucketSpec:
     block_public_access: bool = True
     expire_after_days: int | None = None
     force_destroy: bool = False
+    # kmsKeyId, bucketKeyEnabled, cors, objectOwnership (provisioner/kinds/s3_settings.py)
+    settings: s3_settings.Settings = s3_settings.NO_SETTINGS
+    # spec.notifications (provisioner/kinds/notifications.py)
+    notifications: tuple[notifications.Notification, ...] = ()
 
     @classmethod
     def parse(cls, spec: Mapping[str, Any]) -> BucketSpec:
@@ -45,6 +49,8 @@ class BucketSpec:
             block_public_access=bool(spec.get("blockPublicAccess", True)),
             expire_after_days=int(expire) if expire is not None else None,
             force_destroy=bool(spec.get("forceDestroy", False)),
+            settings=s3_settings.Settings.parse(spec),
+            notifications=notifications.parse(spec),
         )
 
 
@@ -61,11 +67,6 @@ Setter = Callable[[Any], tuple[str, dict[str, Any]]]
 def _versioning(on: bool) -> tuple[str, dict[str, Any]]:
     status = "Enabled" if on else "Suspended"
     return "put_bucket_versioning", {"VersioningConfiguration": {"Status": status}}
-
-
-def _encryption(algorithm: str) -> tuple[str, dict[str, Any]]:
-    rule = {"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": algorithm}}
-    return "put_bucket_encryption", {"ServerSideEncryptionConfiguration": {"Rules": [rule]}}
 
 
 def _public_access(block: bool) -> tuple[str, dict[str, Any]]:
@@ -87,10 +88,10 @@ def _lifecycle(days: int | None) -> tuple[str, dict[str, Any]]:
     return "put_bucket_lifecycle_configuration", {"LifecycleConfiguration": {"Rules": [rule]}}
 
 
-# Mutable spec fields: contract field -> (spec attribute, setter).
+# Mutable spec fields: contract field -> (spec attribute, setter). Encryption, CORS and
+# object ownership: s3_settings.
 FIELDS: dict[str, tuple[str, Setter]] = {
     "spec.versioning": ("versioning", _versioning),
-    "spec.encryption": ("encryption", _encryption),
     "spec.blockPublicAccess": ("block_public_access", _public_access),
     "spec.lifecycle.expireAfterDays": ("expire_after_days", _lifecycle),
 }
@@ -121,6 +122,7 @@ class S3Client(tagging.BatchTagLooks):
 
     def _observe(self, resource: Resource, batched: dict[str, str] | None) -> Observation:
         s3, name = self._s3(resource), resource.external_name
+        notifications.wanted(resource)  # a FIFO target is refused before any call
         try:
             head = self.aws.call(s3.head_bucket, Bucket=name)
         except errors.NotFoundError:
@@ -132,6 +134,9 @@ class S3Client(tagging.BatchTagLooks):
             return Observation(exists=True, available=False, state="forbidden")
         tagged = tagging.observe_tags(resource, batched, lambda: self._tags(s3, name))
         config = self._config(s3, name)
+        settings = resource.spec.settings
+        config.update(s3_settings.read(lambda op: self._get(getattr(s3, op), name), settings))
+        config.update(notifications.read(self.aws, s3, resource))
         return self._observation(resource, head.get("BucketRegion"), config, tagged)
 
     def _observation(
@@ -150,22 +155,33 @@ class S3Client(tagging.BatchTagLooks):
             adoptable_by=tagged.adoptable_by,
             state="available",
             arn=arn,
-            diffs=_diffs(resource, config) + tagged.diffs,
-            connection={"bucket": name, "region": region, "arn": arn, "endpoint": endpoint},
+            diffs=_diffs(resource, config)
+            + _settings_diffs(resource, config)
+            + tagged.diffs
+            + notifications.diffs(resource, config),
+            connection={
+                **{"bucket": name, "region": region, "arn": arn, "endpoint": endpoint},
+                **s3_settings.connection(resource.spec.encryption, resource.spec.settings),
+            },
+            status=notifications.status(resource, config),
             client_state={"config": config, "tags": tagged.tags},
         )
 
     def create(self, resource: Resource, secrets: dict[str, str]) -> Observation:
         s3, name, region = self._s3(resource), resource.external_name, resource.region
         where = {"LocationConstraint": region}
+        spec = resource.spec
+        args = s3_settings.create_args(spec.encryption, spec.settings, region)
         # us-east-1 takes no LocationConstraint, and answers 200 when the bucket is already
         # ours: there, as after "already owned by you", it may be another resource's bucket.
         maybe_existing = region == "us-east-1"
         try:
             if maybe_existing:
-                self.aws.call(s3.create_bucket, Bucket=name)
+                self.aws.call(s3.create_bucket, Bucket=name, **args)
             else:
-                self.aws.call(s3.create_bucket, Bucket=name, CreateBucketConfiguration=where)
+                self.aws.call(
+                    s3.create_bucket, Bucket=name, CreateBucketConfiguration=where, **args
+                )
         except errors.CloudError as exc:
             if exc.code != "BucketAlreadyOwnedByYou":
                 raise
@@ -176,8 +192,9 @@ class S3Client(tagging.BatchTagLooks):
                 "BucketAlreadyExists",
             )
         # CreateBucket takes no tags: tag right away, then configure. A new bucket has
-        # neither versioning nor lifecycle rules; encryption and the public access block
-        # are set whatever the spec says (AWS and the emulators default them differently).
+        # neither versioning nor lifecycle rules nor CORS rules, and the ownership CreateBucket
+        # was given; encryption and the public access block are set whatever the spec says
+        # (AWS and the emulators default them differently).
         # No read-back: the bucket is now exactly what was written.
         self._put_tags(s3, resource)
         config = {}
@@ -185,16 +202,33 @@ class S3Client(tagging.BatchTagLooks):
             config[field] = desired = getattr(resource.spec, attr)
             if field not in FRESH_BUCKET or FRESH_BUCKET[field] != desired:
                 self._set(s3, resource, field, desired)
+        calls, settings = s3_settings.created(spec.encryption, spec.settings, maybe_existing)
+        for operation, kwargs in calls:
+            self._write(s3, resource, operation, kwargs)
+        config.update(settings)
+        config.update(notifications.created(resource))
         tagged = ObservedTags.of(resource, dict(resource.desired_tags))
         return self._observation(resource, region, config, tagged)
 
     def update(self, resource: Resource, observation: Observation, diffs: list[FieldDiff]) -> None:
-        s3 = self._s3(resource)
+        s3, spec = self._s3(resource), resource.spec
         for diff in diffs:
-            self._apply(s3, resource, diff)
+            if diff.field not in s3_settings.FIELDS and diff.field != notifications.FIELD:
+                self._apply(s3, resource, diff)
+        config = observation.client_state.get("config") or {}
+        settings = s3_settings.writes(
+            spec.encryption, spec.settings, resource.region, config, diffs
+        )
+        for operation, kwargs in settings:
+            self._write(s3, resource, operation, kwargs)
+        if any(d.field == notifications.FIELD for d in diffs):
+            notifications.apply(self.aws, s3, resource, config[notifications.FIELD])
 
     def delete(self, resource: Resource, observation: Observation) -> None:
         s3, name = self._s3(resource), resource.external_name
+        seen = observation.client_state if observation is not None else {}
+        looked = (seen.get("config") or {}).get(notifications.FIELD)
+        notifications.remove_all(self.aws, s3, resource, looked)
         try:
             if resource.spec.force_destroy:
                 self._empty(s3, name)
@@ -229,16 +263,12 @@ class S3Client(tagging.BatchTagLooks):
     def _config(self, s3: Any, name: str) -> dict[str, Any]:
         """The bucket's configuration keyed by contract field."""
         versioning = self._get(s3.get_bucket_versioning, name)
-        encryption = self._get(s3.get_bucket_encryption, name)
-        rules = encryption.get("ServerSideEncryptionConfiguration", {}).get("Rules") or [{}]
-        default = rules[0].get("ApplyServerSideEncryptionByDefault") or {}
         block = (
             self._get(s3.get_public_access_block, name).get("PublicAccessBlockConfiguration") or {}
         )
         lifecycle = self._get(s3.get_bucket_lifecycle_configuration, name).get("Rules") or []
         return {
             "spec.versioning": versioning.get("Status") == "Enabled",
-            "spec.encryption": default.get("SSEAlgorithm"),
             "spec.blockPublicAccess": bool(block) and all(block.get(k) for k in PUBLIC_ACCESS_KEYS),
             "spec.lifecycle.expireAfterDays": _expire_days(lifecycle),
         }
@@ -250,7 +280,9 @@ class S3Client(tagging.BatchTagLooks):
             self._set(s3, resource, diff.field, diff.desired)
 
     def _set(self, s3: Any, resource: Resource, field: str, desired: Any) -> None:
-        operation, kwargs = FIELDS[field][1](desired)
+        self._write(s3, resource, *FIELDS[field][1](desired))
+
+    def _write(self, s3: Any, resource: Resource, operation: str, kwargs: dict[str, Any]) -> None:
         try:
             self.aws.call(getattr(s3, operation), Bucket=resource.external_name, **kwargs)
         except errors.NotFoundError:
@@ -299,6 +331,10 @@ def _diffs(resource: Resource, config: dict[str, Any]) -> list[FieldDiff]:
         if config[field] != desired:
             diffs.append(FieldDiff(field, config[field], desired))
     return diffs
+
+
+def _settings_diffs(resource: Resource, config: dict[str, Any]) -> list[FieldDiff]:
+    return s3_settings.diffs(resource.spec.encryption, resource.spec.settings, config)
 
 
 def list_buckets(aws: Aws, region: str) -> Iterator[OwnedResource]:
@@ -361,6 +397,8 @@ KIND = KindDescriptor(
     access_actions=ACCESS,
     # The bucket (ListBucket, GetBucketLocation, ...) and every object in it.
     access_resources=lambda arn: [arn, f"{arn}/*"],
+    dependencies=lambda spec: notifications.dependencies(spec.notifications),
+    recorded_status=(notifications.STATUS,),
     error_codes=ErrorCodes(
         not_found=frozenset(
             {
@@ -369,6 +407,8 @@ KIND = KindDescriptor(
                 "NoSuchLifecycleConfiguration",
                 "ServerSideEncryptionConfigurationNotFoundError",
                 "NoSuchPublicAccessBlockConfiguration",
+                "NoSuchCORSConfiguration",
+                "OwnershipControlsNotFoundError",
             }
         ),
         conflict=frozenset({"BucketAlreadyExists"}),

@@ -14,7 +14,7 @@ from typing import Any
 from provisioner.aws import errors
 from provisioner.aws.errors import ErrorCodes
 from provisioner.aws.session import Aws
-from provisioner.kinds import tagging
+from provisioner.kinds import keys, tagging
 from provisioner.kinds.contract import (
     FieldDiff,
     KindDescriptor,
@@ -29,6 +29,14 @@ from provisioner.model.account import AccountRef
 from provisioner.model.resource import Resource
 
 DISPLAY_NAME_FIELD = "spec.displayName"
+KMS_KEY_FIELD = "spec.kmsKeyId"
+DEDUPLICATION_FIELD = "spec.contentBasedDeduplication"
+# Mutable spec fields: contract field -> topic attribute (SetTopicAttributes takes one a call).
+ATTRIBUTES = {
+    DISPLAY_NAME_FIELD: "DisplayName",
+    KMS_KEY_FIELD: "KmsMasterKeyId",
+    DEDUPLICATION_FIELD: "ContentBasedDeduplication",
+}
 
 
 @dataclass(frozen=True)
@@ -36,6 +44,10 @@ class TopicSpec:
     topic_name: str | None = None
     fifo: bool = False
     display_name: str = ""
+    # "": no server-side encryption (SNS's default)
+    kms_key_id: str = ""
+    # FIFO topics only
+    content_based_deduplication: bool = False
 
     @classmethod
     def parse(cls, spec: Mapping[str, Any]) -> TopicSpec:
@@ -43,6 +55,8 @@ class TopicSpec:
             topic_name=spec.get("topicName") or None,
             fifo=bool(spec.get("fifo", False)),
             display_name=str(spec.get("displayName") or ""),
+            kms_key_id=str(spec.get("kmsKeyId") or ""),
+            content_based_deduplication=bool(spec.get("contentBasedDeduplication", False)),
         )
 
 
@@ -92,15 +106,20 @@ class SnsClient(tagging.BatchTagLooks):
                 "topicArn": arn,
                 "topicName": resource.external_name,
                 "region": resource.region,
+                **({"kmsKeyId": key} if (key := attributes.get("KmsMasterKeyId")) else {}),
             },
+            status={keys.STATUS_FIELD: keys.topic_note(resource.spec.kms_key_id)},
             client_state={"tags": tagged.tags},
         )
 
     def create(self, resource: Resource, secrets: dict[str, str]) -> Observation:
         spec, sns = resource.spec, self._sns(resource)
         attributes = {"DisplayName": spec.display_name}
+        if spec.kms_key_id:
+            attributes["KmsMasterKeyId"] = spec.kms_key_id
         if spec.fifo:
             attributes["FifoTopic"] = "true"
+            attributes["ContentBasedDeduplication"] = _text(spec.content_based_deduplication)
         arn = self.aws.call(
             sns.create_topic,
             Name=resource.external_name,
@@ -119,12 +138,12 @@ class SnsClient(tagging.BatchTagLooks):
     def update(self, resource: Resource, observation: Observation, diffs: list[FieldDiff]) -> None:
         sns, arn = self._sns(resource), observation.arn
         for diff in diffs:
-            if diff.field == DISPLAY_NAME_FIELD:
+            if diff.field in ATTRIBUTES:
                 self.aws.call(
                     sns.set_topic_attributes,
                     TopicArn=arn,
-                    AttributeName="DisplayName",
-                    AttributeValue=str(diff.desired),
+                    AttributeName=ATTRIBUTES[diff.field],
+                    AttributeValue=_text(diff.desired),
                 )
             elif diff.field == "tags":
                 to_set, to_remove = tag_changes(observation.client_state["tags"], diff.desired)
@@ -143,12 +162,21 @@ def _tags(answer: dict[str, Any]) -> dict[str, str]:
     return {tag["Key"]: tag["Value"] for tag in answer.get("Tags") or []}
 
 
+def _text(value: Any) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
 def _diffs(resource: Resource, attributes: dict[str, str]) -> list[FieldDiff]:
-    """The topic's attributes that differ from the spec."""
-    observed = attributes.get("DisplayName", "")
-    if observed != resource.spec.display_name:
-        return [FieldDiff(DISPLAY_NAME_FIELD, observed, resource.spec.display_name)]
-    return []
+    """The topic's attributes that differ from the spec (all on GetTopicAttributes' answer)."""
+    spec = resource.spec
+    pairs: list[tuple[str, Any, Any]] = [
+        (DISPLAY_NAME_FIELD, attributes.get("DisplayName", ""), spec.display_name),
+        (KMS_KEY_FIELD, attributes.get("KmsMasterKeyId") or "", spec.kms_key_id),
+    ]
+    if spec.fifo:
+        dedup = str(attributes.get("ContentBasedDeduplication", "false")).lower() == "true"
+        pairs.append((DEDUPLICATION_FIELD, dedup, spec.content_based_deduplication))
+    return [FieldDiff(f, seen, wanted) for f, seen, wanted in pairs if seen != wanted]
 
 
 def list_topics(aws: Aws, region: str) -> Iterator[OwnedResource]:

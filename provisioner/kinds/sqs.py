@@ -14,7 +14,7 @@ from typing import Any
 from provisioner.aws import errors
 from provisioner.aws.errors import ErrorCodes
 from provisioner.aws.session import Aws
-from provisioner.kinds import subscriptions, tagging
+from provisioner.kinds import keys, sqs_attributes, subscriptions, tagging
 from provisioner.kinds.contract import (
     FieldDiff,
     KindDescriptor,
@@ -42,6 +42,10 @@ class QueueSpec:
     dead_letter_queue_ref: str | None = None
     max_receive_count: int = 5
     subscribe_to: tuple[subscriptions.Subscription, ...] = ()
+    receive_wait_time_seconds: int = 0
+    maximum_message_size_bytes: int = 262144
+    # spec.encryption and the FIFO options (provisioner/kinds/sqs_attributes.py)
+    settings: sqs_attributes.QueueSettings = sqs_attributes.NO_SETTINGS
 
     @classmethod
     def parse(cls, spec: Mapping[str, Any]) -> QueueSpec:
@@ -56,6 +60,9 @@ class QueueSpec:
             dead_letter_queue_ref=ref or None,
             max_receive_count=int(dead_letter.get("maxReceiveCount", 5)),
             subscribe_to=subscriptions.parse(spec),
+            receive_wait_time_seconds=int(spec.get("receiveWaitTimeSeconds", 0)),
+            maximum_message_size_bytes=int(spec.get("maximumMessageSizeBytes", 262144)),
+            settings=sqs_attributes.QueueSettings.parse(spec),
         )
 
 
@@ -64,6 +71,12 @@ ATTRIBUTES = (
     ("spec.visibilityTimeoutSeconds", "visibility_timeout_seconds", "VisibilityTimeout"),
     ("spec.messageRetentionSeconds", "message_retention_seconds", "MessageRetentionPeriod"),
     ("spec.delaySeconds", "delay_seconds", "DelaySeconds"),
+    (
+        "spec.receiveWaitTimeSeconds",
+        "receive_wait_time_seconds",
+        "ReceiveMessageWaitTimeSeconds",
+    ),
+    ("spec.maximumMessageSizeBytes", "maximum_message_size_bytes", "MaximumMessageSize"),
 )
 REDRIVE_FIELD = "spec.deadLetter"
 
@@ -128,6 +141,7 @@ class SqsClient(tagging.BatchTagLooks):
             arn=arn,
             diffs=(
                 _diffs(resource, attributes)
+                + sqs_attributes.diffs(resource.spec.settings, resource.spec.fifo, attributes)
                 + tagged.diffs
                 + subscriptions.diffs(subscribed, wanted)
             ),
@@ -136,8 +150,9 @@ class SqsClient(tagging.BatchTagLooks):
                 "queueArn": arn,
                 "queueName": name,
                 "region": resource.region,
+                **sqs_attributes.connection(attributes),
             },
-            status={"queueUrl": url},
+            status={"queueUrl": url, keys.STATUS_FIELD: _key_policy(resource.spec)},
             client_state={
                 "url": url,
                 "attributes": attributes,
@@ -149,6 +164,7 @@ class SqsClient(tagging.BatchTagLooks):
     def create(self, resource: Resource, secrets: dict[str, str]) -> Observation:
         spec, sqs = resource.spec, self._sqs(resource)
         attributes = {key: str(getattr(spec, attr)) for _, attr, key in ATTRIBUTES}
+        attributes.update(sqs_attributes.create_attributes(spec.settings, spec.fifo))
         if spec.fifo:
             attributes["FifoQueue"] = "true"
         if redrive := _redrive(resource):
@@ -182,6 +198,11 @@ class SqsClient(tagging.BatchTagLooks):
         tags = changes.pop("tags", None)
         key_of = {field: key for field, _, key in ATTRIBUTES}
         attributes = {key_of[f]: str(d.desired) for f, d in changes.items() if f in key_of}
+        attributes.update(
+            sqs_attributes.update_attributes(
+                resource.spec.settings, set(changes), raw["attributes"]
+            )
+        )
         if REDRIVE_FIELD in changes:
             policy = changes[REDRIVE_FIELD].desired
             attributes["RedrivePolicy"] = json.dumps(policy) if policy else ""
@@ -251,6 +272,13 @@ def _diffs(resource: Resource, attributes: dict[str, str]) -> list[FieldDiff]:
     if observed_redrive != desired_redrive:
         diffs.append(FieldDiff(REDRIVE_FIELD, observed_redrive, desired_redrive))
     return diffs
+
+
+def _key_policy(spec: QueueSpec) -> str | None:
+    """status.kmsKeyPolicy: what the queue's KMS key must allow SNS, when it subscribes."""
+    encryption = spec.settings.encryption
+    key = encryption.kms_key_id if encryption.type == sqs_attributes.KMS else ""
+    return keys.queue_note(key, len(spec.subscribe_to))
 
 
 def dependencies(spec: QueueSpec) -> list[Dependency]:

@@ -7,7 +7,8 @@ statement is also the record of which topics this queue subscribed to, so a subs
 whose entry was removed from the spec is still found and removed.
 
 Order, so that a crash anywhere leaves something the next pass finds: subscriptions are
-made or removed first, the policy is written last.
+made or removed first, the policy is written last, from a read made right before the write
+(a bucket's notification statement may share the policy: provisioner/kinds/notifications.py).
 """
 
 from __future__ import annotations
@@ -139,8 +140,14 @@ def apply(
                 AttributeValue="true" if raw else "false",
             )
     unsubscribe(aws, {t: s for t, s in existing.items() if t not in wanted})
-    new_policy = _with_statement(policy, queue_arn, sorted(wanted))
-    if new_policy != (policy or ""):
+    if _with_statement(policy, queue_arn, sorted(wanted)) == (policy or ""):
+        return  # the look found our statement as wanted
+    # Read again right before writing: a bucket notifying this queue may have put its own
+    # statement since the look, and every statement but ours is written back as it is.
+    answer = aws.call(sqs.get_queue_attributes, QueueUrl=queue_url, AttributeNames=["Policy"])
+    current = (answer.get("Attributes") or {}).get("Policy")
+    new_policy = _with_statement(current, queue_arn, sorted(wanted))
+    if new_policy != (current or ""):
         aws.call(sqs.set_queue_attributes, QueueUrl=queue_url, Attributes={"Policy": new_policy})
 
 

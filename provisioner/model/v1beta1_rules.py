@@ -32,9 +32,9 @@ VALUES: dict[str, tuple[str, ...]] = {
         "arn",
         "uri",
     ),
-    "S3Bucket": ("bucket", "region", "arn", "endpoint"),
-    "Queue": ("queueUrl", "queueArn", "queueName", "region"),
-    "Topic": ("topicArn", "topicName", "region"),
+    "S3Bucket": ("bucket", "region", "arn", "endpoint", "kmsKeyId"),
+    "Queue": ("queueUrl", "queueArn", "queueName", "region", "kmsKeyId"),
+    "Topic": ("topicArn", "topicName", "region", "kmsKeyId"),
 }
 KINDS = tuple(VALUES)
 # A template of each kind, shown in the CRD's description of spec.connectionSecret.keys.

@@ -19,6 +19,21 @@ from provisioner.reconciler.state import States
 from provisioner.reconciler.workers import Workers
 
 
+async def record(
+    kube: Kube, workers: Workers, resource: Resource, obs: Observation, keys: tuple[str, ...]
+) -> None:
+    """Write to status, right before a call that may make or remove something beyond the
+    resource itself, the fields of `obs.status` that record it (its kind's
+    `recorded_status`), when they differ from what status holds."""
+    before = {k: obs.status.get(k) for k in keys if resource.status.get(k) != obs.status.get(k)}
+    if not before:
+        return
+    await workers.in_thread(
+        kube.patch_status, resource.kind, resource.namespace, resource.name, before
+    )
+    resource.status.update(before)
+
+
 class Converge:
     def __init__(
         self,
@@ -97,6 +112,7 @@ class Converge:
         self._report_drift(p, drift)
         if not to_write:
             return obs
+        await record(self.kube, self.workers, resource, obs, p.kind.recorded_status)
         await self.workers.write(resource.uid, client.update, resource, obs, to_write)
         self.observer.remember_writes(resource, to_write, p.kind.settle_seconds)
         if changes:

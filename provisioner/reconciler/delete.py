@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from provisioner.aws import errors
 from provisioner.crashpoints import crashpoint
+from provisioner.kinds import registry as kinds
 from provisioner.kinds.contract import ExternalClient
 from provisioner.kube.client import Kube
 from provisioner.model import annotations as annotation_keys
@@ -13,6 +14,7 @@ from provisioner.model import conditions as cond
 from provisioner.model.resource import Resource
 from provisioner.placement.accounts import AccountRefused, pinned
 from provisioner.reconciler import guardrails, ownership
+from provisioner.reconciler.converge import record
 from provisioner.reconciler.grants import Grants
 from provisioner.reconciler.observe import Observer
 from provisioner.reconciler.outcome import WAIT_BASE, WAIT_CAP, Event, Result, Verdict, backoff
@@ -111,6 +113,8 @@ class Deletion:
             )
             return done
         if obs.exists and not obs.deleting:
+            keys = kinds.descriptor(resource.kind).recorded_status
+            await record(self.kube, self.workers, resource, obs, keys)
             try:
                 await self.workers.write(resource.uid, client.delete, resource, obs)
                 crashpoint("after-delete-call")

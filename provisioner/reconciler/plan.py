@@ -4,6 +4,7 @@ after a plan says where the cloud now differs from what the plan said."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -101,9 +102,14 @@ class Planner:
         self, resource: Resource, changes: list[dict[str, str]]
     ) -> tuple[str, str]:
         name, kind = resource.external_name, resource.kind
+        resolved: dict[str, str] = {}
         for dependency in resource.dependencies:
-            if await self.dependencies.ready_arn(resource.namespace, dependency) is None:
+            found = await self.dependencies.ready_arn(resource.namespace, dependency)
+            if found is None:
                 return "Blocked", f"waiting for {dependency.role} {dependency.name} to be Ready"
+            resolved[dependency.key] = found[0]
+        # The dependencies' ARNs, as a pass has them: what the spec asks of them is compared.
+        resource = dataclasses.replace(resource, resolved=resolved)
         obs = await self.observer.observe_plainly(resource)
         planned = action(resource, obs)
         if planned == "Blocked":

@@ -17,7 +17,7 @@ from provisioner.crashpoints import crashpoint
 from provisioner.kinds.contract import ExternalClient, Observation, PasswordClient
 from provisioner.kube.client import Kube, valid_name
 from provisioner.model import annotations as annotation_keys
-from provisioner.model import connection_secret
+from provisioner.model import connection_secret, v1beta1_rules
 from provisioner.model.resource import Resource
 from provisioner.reconciler.progress import Progress
 from provisioner.reconciler.state import States
@@ -53,6 +53,10 @@ class ConnectionSecret:
             )
             password = await self._password(p, client, stored)
             data = client.with_password(data, password)
+        if resource.secret_keys:
+            # A value the kind offers that this resource has none of now (kmsKeyId without a
+            # KMS key) fills its placeholders with "": only the default key set leaves it out.
+            data = dict.fromkeys(v1beta1_rules.VALUES.get(resource.kind, ()), "") | data
         try:
             data = connection_secret.render(resource.secret_keys, data)
         except connection_secret.TemplateError as exc:

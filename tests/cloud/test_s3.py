@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 import boto3
@@ -68,6 +69,8 @@ def test_lifecycle(aws, s3, make_resource):
     assert obs.client_state["config"] == {
         "spec.versioning": False,
         "spec.encryption": "AES256",
+        "spec.kmsKeyId": None,
+        "spec.bucketKeyEnabled": None,
         "spec.blockPublicAccess": True,
         "spec.lifecycle.expireAfterDays": None,
     }
@@ -171,3 +174,248 @@ def test_force_destroy_empties_every_version(aws, s3, raw_s3, make_resource, mon
     s3.delete(res, s3.observe(res))
     assert not _exists(aws, res.external_name)
     assert s3.observe(res).exists is False
+
+
+# -- encryption with a KMS key, CORS, object ownership ----------------------------------------
+
+CORS = [
+    {
+        "allowedOrigins": ["https://app.example.com"],
+        "allowedMethods": ["GET", "PUT"],
+        "allowedHeaders": ["*"],
+        "exposeHeaders": ["ETag"],
+        "maxAgeSeconds": 300,
+    },
+    {"allowedOrigins": ["*"], "allowedMethods": ["HEAD"]},
+]
+
+
+@pytest.fixture
+def kms_key(moto_url):
+    """A key made by moto's KMS: (its ARN, its key id)."""
+
+    def make(region="us-east-1"):
+        kms = boto3.session.Session().client("kms", region_name=region, endpoint_url=moto_url)
+        meta = kms.create_key(Description="bucket test key")["KeyMetadata"]
+        return meta["Arn"], meta["KeyId"]
+
+    return make
+
+
+def _calls():
+    """The operator's AWS calls so far, by operation (whatever their outcome)."""
+    calls: Counter[str] = Counter()
+    for (_, operation, _), n in CALLS.counts.items():
+        calls[operation] += n
+    return calls
+
+
+def _encryption_rule(raw, bucket):
+    answer = raw.get_bucket_encryption(Bucket=bucket)
+    return answer["ServerSideEncryptionConfiguration"]["Rules"][0]
+
+
+def _fields(diffs):
+    return {d.field: (d.observed, d.desired) for d in diffs}
+
+
+def test_a_default_bucket_costs_what_it_did_and_is_bucket_owner_enforced(s3, raw_s3, make_resource):
+    res = make_resource("S3Bucket")
+    before = _calls()
+    obs = s3.create(res, {})
+    made = _calls() - before
+    # us-east-1: the ownership check (GetBucketTagging) besides the writes.
+    assert made == Counter(
+        {
+            "CreateBucket": 1,
+            "GetBucketTagging": 1,
+            "PutBucketTagging": 1,
+            "PutPublicAccessBlock": 1,
+            "PutBucketEncryption": 1,
+        }
+    )
+    assert obs.diffs == [] and "kmsKeyId" not in obs.connection
+    controls = raw_s3().get_bucket_ownership_controls(Bucket=res.external_name)
+    assert controls["OwnershipControls"]["Rules"] == [{"ObjectOwnership": "BucketOwnerEnforced"}]
+
+    # Unmanaged CORS and ownership are not read on a look, and not drift when they change.
+    raw_s3().put_bucket_cors(
+        Bucket=res.external_name,
+        CORSConfiguration={"CORSRules": [{"AllowedOrigins": ["*"], "AllowedMethods": ["GET"]}]},
+    )
+    raw_s3().put_bucket_ownership_controls(
+        Bucket=res.external_name,
+        OwnershipControls={"Rules": [{"ObjectOwnership": "ObjectWriter"}]},
+    )
+    before = _calls()
+    assert s3.observe(res).diffs == []
+    looked = _calls() - before
+    assert "GetBucketCors" not in looked and "GetBucketOwnershipControls" not in looked
+    assert looked["GetBucketEncryption"] == 1 and sum(looked.values()) == 6
+
+
+def test_kms_key_and_bucket_key_are_written_read_and_corrected(s3, raw_s3, make_resource, kms_key):
+    arn, key_id = kms_key()
+    other_arn, _ = kms_key()
+    res = make_resource("S3Bucket", {"encryption": "aws:kms", "kmsKeyId": arn})
+    s3.create(res, {})
+    raw = raw_s3()
+    rule = _encryption_rule(raw, res.external_name)
+    assert rule["ApplyServerSideEncryptionByDefault"] == {
+        "SSEAlgorithm": "aws:kms",
+        "KMSMasterKeyID": arn,
+    }
+    assert rule["BucketKeyEnabled"] is True
+    obs = s3.observe(res)
+    assert obs.diffs == []
+    assert obs.connection["kmsKeyId"] == arn
+    assert obs.client_state["config"]["spec.kmsKeyId"] == arn
+
+    # The same key named by its id: no diff (the cloud answers with the ARN).
+    by_id = make_resource("S3Bucket", {"encryption": "aws:kms", "kmsKeyId": key_id})
+    by_id = replace(by_id, external_name=res.external_name, uid=res.uid)
+    assert s3.observe(by_id).diffs == []
+
+    # Out of band: another key, no bucket key. Both are diffs, and one write corrects both.
+    raw.put_bucket_encryption(
+        Bucket=res.external_name,
+        ServerSideEncryptionConfiguration={
+            "Rules": [
+                {
+                    "ApplyServerSideEncryptionByDefault": {
+                        "SSEAlgorithm": "aws:kms",
+                        "KMSMasterKeyID": other_arn,
+                    },
+                    "BucketKeyEnabled": False,
+                }
+            ]
+        },
+    )
+    obs = s3.observe(res)
+    assert _fields(obs.diffs) == {
+        "spec.kmsKeyId": (other_arn, arn),
+        "spec.bucketKeyEnabled": (False, True),
+    }
+    before = _calls()
+    s3.update(res, obs, obs.diffs)
+    assert (_calls() - before) == Counter({"PutBucketEncryption": 1})
+    rule = _encryption_rule(raw, res.external_name)
+    assert rule["ApplyServerSideEncryptionByDefault"]["KMSMasterKeyID"] == arn
+    assert rule["BucketKeyEnabled"] is True
+    assert s3.observe(res).diffs == []
+
+    # Only the bucket key written (say under drift-policy report): the cloud's key stays.
+    raw.put_bucket_encryption(
+        Bucket=res.external_name,
+        ServerSideEncryptionConfiguration={
+            "Rules": [
+                {
+                    "ApplyServerSideEncryptionByDefault": {
+                        "SSEAlgorithm": "aws:kms",
+                        "KMSMasterKeyID": other_arn,
+                    },
+                    "BucketKeyEnabled": False,
+                }
+            ]
+        },
+    )
+    obs = s3.observe(res)
+    s3.update(res, obs, [d for d in obs.diffs if d.field == "spec.bucketKeyEnabled"])
+    rule = _encryption_rule(raw, res.external_name)
+    assert rule["ApplyServerSideEncryptionByDefault"]["KMSMasterKeyID"] == other_arn
+    assert rule["BucketKeyEnabled"] is True
+
+    # Back to AES256: the key goes with the algorithm.
+    plain = replace(res, spec=replace(res.spec, encryption="AES256"))
+    obs = s3.observe(plain)
+    assert _fields(obs.diffs) == {
+        "spec.encryption": ("aws:kms", "AES256"),
+        "spec.kmsKeyId": (other_arn, None),
+    }
+    s3.update(plain, obs, obs.diffs)
+    rule = _encryption_rule(raw, res.external_name)
+    assert rule["ApplyServerSideEncryptionByDefault"] == {"SSEAlgorithm": "AES256"}
+    assert s3.observe(plain).diffs == []
+    assert "kmsKeyId" not in s3.observe(plain).connection
+
+
+def test_a_key_of_another_region_is_refused_before_any_write(s3, make_resource, kms_key):
+    arn, _ = kms_key("eu-west-1")
+    res = make_resource("S3Bucket", {"encryption": "aws:kms", "kmsKeyId": arn})
+    before = CALLS.total()
+    with pytest.raises(errors.TerminalError, match=r"spec\.kmsKeyId") as refused:
+        s3.create(res, {})
+    assert refused.value.reason == "InvalidSpec" and "eu-west-1" in str(refused.value)
+    assert CALLS.total() == before
+    assert s3.observe(res).exists is False
+
+
+def test_cors_rules_are_written_read_and_corrected(s3, raw_s3, make_resource):
+    res = make_resource("S3Bucket", {"cors": CORS})
+    s3.create(res, {})
+    raw = raw_s3()
+    rules = raw.get_bucket_cors(Bucket=res.external_name)["CORSRules"]
+    assert [{k: v for k, v in r.items() if k != "ID"} for r in rules] == [
+        {
+            "AllowedOrigins": ["https://app.example.com"],
+            "AllowedMethods": ["GET", "PUT"],
+            "AllowedHeaders": ["*"],
+            "ExposeHeaders": ["ETag"],
+            "MaxAgeSeconds": 300,
+        },
+        {"AllowedOrigins": ["*"], "AllowedMethods": ["HEAD"]},
+    ]
+    obs = s3.observe(res)
+    assert obs.diffs == [] and obs.client_state["config"]["spec.cors"] == CORS
+
+    # Deleted out of band: a diff from no rules to the spec's, and put back.
+    raw.delete_bucket_cors(Bucket=res.external_name)
+    obs = s3.observe(res)
+    assert _fields(obs.diffs) == {"spec.cors": ([], CORS)}
+    s3.update(res, obs, obs.diffs)
+    assert len(raw.get_bucket_cors(Bucket=res.external_name)["CORSRules"]) == 2
+    assert s3.observe(res).diffs == []
+
+    # An empty list is managed too: "no rules", so the rules are deleted.
+    none = replace(res, spec=replace(res.spec, settings=replace(res.spec.settings, cors=())))
+    obs = s3.observe(none)
+    assert _fields(obs.diffs) == {"spec.cors": (CORS, [])}
+    s3.update(none, obs, obs.diffs)
+    with pytest.raises(raw.exceptions.ClientError, match="NoSuchCORSConfiguration"):
+        raw.get_bucket_cors(Bucket=res.external_name)
+    assert s3.observe(none).diffs == []
+
+
+def test_object_ownership_is_created_read_and_corrected(s3, raw_s3, make_resource):
+    res = make_resource("S3Bucket", {"objectOwnership": "ObjectWriter"}, region="eu-west-1")
+    s3.create(res, {})
+    raw = raw_s3("eu-west-1")
+
+    def ownership():
+        controls = raw.get_bucket_ownership_controls(Bucket=res.external_name)
+        return controls["OwnershipControls"]["Rules"][0]["ObjectOwnership"]
+
+    assert ownership() == "ObjectWriter"
+    assert s3.observe(res).diffs == []
+    raw.put_bucket_ownership_controls(
+        Bucket=res.external_name,
+        OwnershipControls={"Rules": [{"ObjectOwnership": "BucketOwnerPreferred"}]},
+    )
+    obs = s3.observe(res)
+    assert _fields(obs.diffs) == {"spec.objectOwnership": ("BucketOwnerPreferred", "ObjectWriter")}
+    s3.update(res, obs, obs.diffs)
+    assert ownership() == "ObjectWriter"
+    # Removed out of band: none is a diff as well.
+    raw.delete_bucket_ownership_controls(Bucket=res.external_name)
+    obs = s3.observe(res)
+    assert _fields(obs.diffs) == {"spec.objectOwnership": (None, "ObjectWriter")}
+    s3.update(res, obs, obs.diffs)
+    assert ownership() == "ObjectWriter"
+    # A second create (a crash after CreateBucket) puts the spec's settings on what is there.
+    raw.put_bucket_ownership_controls(
+        Bucket=res.external_name,
+        OwnershipControls={"Rules": [{"ObjectOwnership": "BucketOwnerEnforced"}]},
+    )
+    s3.create(res, {})
+    assert ownership() == "ObjectWriter"
+    s3.delete(res, s3.observe(res))

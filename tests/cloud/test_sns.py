@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import boto3
 import pytest
 
 from provisioner.aws import errors
@@ -154,4 +155,104 @@ def test_foreign_policy_statements_are_kept(aws, sns, make_resource):
         subscriptions.STATEMENT_ID,
     ]
     sqs.delete(queue, sqs.observe(queue))
+    sns.delete(topic, sns.observe(topic))
+
+
+# -- encryption and content-based deduplication -------------------------------------------
+
+
+@pytest.fixture
+def kms_key(aws, moto_url):
+    """A symmetric key made by moto's KMS: its ARN."""
+    kms = boto3.client("kms", endpoint_url=moto_url, region_name="us-east-1")
+    return kms.create_key(Description="topic key")["KeyMetadata"]["Arn"]
+
+
+def _attributes(aws, arn):
+    return aws.client("sns").get_topic_attributes(TopicArn=arn)["Attributes"]
+
+
+def test_kms_topic_read_back_drift_seen_and_key_removed(aws, sns, make_resource, kms_key):
+    res = make_resource("Topic", {"kmsKeyId": kms_key})
+    created = sns.create(res, {})
+    assert created.diffs == []
+    obs = sns.observe(res)
+    arn = sns.topic_arn(res)
+    assert obs.diffs == []
+    assert _attributes(aws, arn)["KmsMasterKeyId"] == kms_key
+    assert obs.connection["kmsKeyId"] == kms_key
+    note = obs.status["kmsKeyPolicy"]
+    assert note is not None and kms_key in note
+    assert "kms:GenerateDataKey*" in note and "kms:Decrypt" in note
+
+    # Encryption removed behind the operator's back: a diff, put back.
+    aws.client("sns").set_topic_attributes(
+        TopicArn=arn, AttributeName="KmsMasterKeyId", AttributeValue=""
+    )
+    obs = sns.observe(res)
+    assert [(d.field, d.observed, d.desired) for d in obs.diffs] == [("spec.kmsKeyId", "", kms_key)]
+    sns.update(res, obs, obs.diffs)
+    assert sns.observe(res).diffs == [] and _attributes(aws, arn)["KmsMasterKeyId"] == kms_key
+
+    # The key taken out of the spec: encryption off, no key value, no note.
+    plain = replace(res, spec=replace(res.spec, kms_key_id=""))
+    obs = sns.observe(plain)
+    assert [(d.field, d.desired) for d in obs.diffs] == [("spec.kmsKeyId", "")]
+    sns.update(plain, obs, obs.diffs)
+    obs = sns.observe(plain)
+    assert obs.diffs == [] and "KmsMasterKeyId" not in _attributes(aws, arn)
+    assert "kmsKeyId" not in obs.connection and obs.status["kmsKeyPolicy"] is None
+    sns.delete(plain, obs)
+
+
+def test_fifo_topic_content_based_deduplication(aws, sns, make_resource):
+    res = make_resource("Topic", {"fifo": True, "contentBasedDeduplication": True})
+    sns.create(res, {})
+    arn = sns.topic_arn(res)
+    assert _attributes(aws, arn)["ContentBasedDeduplication"] == "true"
+    assert sns.observe(res).diffs == []
+    # Publishing without a deduplication id is accepted only with content-based dedup.
+    aws.client("sns").publish(TopicArn=arn, Message="m", MessageGroupId="g")
+
+    aws.client("sns").set_topic_attributes(
+        TopicArn=arn, AttributeName="ContentBasedDeduplication", AttributeValue="false"
+    )
+    obs = sns.observe(res)
+    assert [(d.field, d.observed, d.desired) for d in obs.diffs] == [
+        ("spec.contentBasedDeduplication", False, True)
+    ]
+    sns.update(res, obs, obs.diffs)
+    assert sns.observe(res).diffs == []
+    assert _attributes(aws, arn)["ContentBasedDeduplication"] == "true"
+    sns.delete(res, obs)
+
+
+def test_standard_topic_has_no_deduplication_diff(sns, make_resource):
+    res = make_resource("Topic", {"contentBasedDeduplication": True})
+    sns.create(res, {})
+    obs = sns.observe(res)
+    assert obs.diffs == [] and obs.status == {"kmsKeyPolicy": None}
+    sns.delete(res, obs)
+
+
+def test_queue_with_kms_key_subscribed_to_a_kms_topic(aws, sns, make_resource, kms_key):
+    """Both encrypted: the subscription is made, and the queue says what its key must allow."""
+    sqs = SqsClient(aws)
+    topic = make_resource("Topic", {"kmsKeyId": kms_key})
+    sns.create(topic, {})
+    topic_arn = sns.topic_arn(topic)
+    spec = {
+        "encryption": {"type": "KMS", "kmsKeyId": kms_key},
+        "subscribeTo": [{"topicRef": {"name": "events"}}],
+    }
+    queue = replace(make_resource("Queue", spec), resolved={"topic/events": topic_arn})
+    sqs.create(queue, {})
+    obs = sqs.observe(queue)
+    sqs.update(queue, obs, obs.diffs)
+    obs = sqs.observe(queue)
+    assert obs.diffs == []
+    subs = aws.client("sns").list_subscriptions_by_topic(TopicArn=topic_arn)["Subscriptions"]
+    assert [s["Endpoint"] for s in subs] == [obs.arn]
+    assert "sns.amazonaws.com" in obs.status["kmsKeyPolicy"]
+    sqs.delete(queue, obs)
     sns.delete(topic, sns.observe(topic))

@@ -315,6 +315,9 @@ def test_examples_apply_cleanly_and_get_defaults(kube: Any, namespace: str) -> N
         ("sqsq", "demo-queue", ".spec.messageRetentionSeconds", "345600"),
         ("sqsq", "demo-queue", ".spec.delaySeconds", "0"),
         ("sqsq", "demo-queue", ".spec.deletionPolicy", "Delete"),
+        ("sqsq", "demo-queue", ".spec.encryption.type", "SQS"),
+        ("sqsq", "demo-queue", ".spec.receiveWaitTimeSeconds", "0"),
+        ("sqsq", "demo-queue", ".spec.maximumMessageSizeBytes", "262144"),
         ("snst", "demo-events", ".spec.fifo", "false"),
         ("snst", "demo-events", ".spec.deletionPolicy", "Delete"),
         ("sqsq", "demo-events-inbox", ".spec.subscribeTo[0].rawMessageDelivery", "true"),
@@ -326,6 +329,8 @@ def test_examples_apply_cleanly_and_get_defaults(kube: Any, namespace: str) -> N
     assert sorted(listed) == [
         "databaseinstance.cloud.provisioner.dev/demo-db",
         "queue.cloud.provisioner.dev/demo-events-inbox",
+        "queue.cloud.provisioner.dev/demo-orders",
+        "queue.cloud.provisioner.dev/demo-orders-dlq",
         "queue.cloud.provisioner.dev/demo-queue",
         "s3bucket.cloud.provisioner.dev/demo-bucket",
         "topic.cloud.provisioner.dev/demo-events",

@@ -58,9 +58,9 @@ TEMPLATE_VALUES = {
         "arn",
         "uri",
     ),
-    "S3Bucket": ("bucket", "region", "arn", "endpoint"),
-    "Queue": ("queueUrl", "queueArn", "queueName", "region"),
-    "Topic": ("topicArn", "topicName", "region"),
+    "S3Bucket": ("bucket", "region", "arn", "endpoint", "kmsKeyId"),
+    "Queue": ("queueUrl", "queueArn", "queueName", "region", "kmsKeyId"),
+    "Topic": ("topicArn", "topicName", "region", "kmsKeyId"),
 }
 # Spec fields that differ between the versions, per version.
 ONLY_IN = {
@@ -214,6 +214,9 @@ def common_spec(kind: str) -> dict[str, st.SearchStrategy[Any]]:
     return fields
 
 
+KMS_KEYS = st.sampled_from(["alias/app", "arn:aws:kms:eu-west-1:123456789012:key/1234abcd-12ab"])
+
+
 def kind_spec(
     kind: str,
 ) -> tuple[dict[str, st.SearchStrategy[Any]], dict[str, st.SearchStrategy[Any]]]:
@@ -247,6 +250,41 @@ def kind_spec(
                     {}, optional={"expireAfterDays": st.integers(1)}
                 ),
                 "forceDestroy": st.booleans(),
+                "kmsKeyId": st.sampled_from(
+                    ["alias/app", "arn:aws:kms:eu-west-1:123456789012:key/1234abcd-12ab"]
+                ),
+                "bucketKeyEnabled": st.booleans(),
+                "objectOwnership": st.sampled_from(["BucketOwnerEnforced", "ObjectWriter"]),
+                "cors": st.lists(
+                    st.fixed_dictionaries(
+                        {
+                            "allowedOrigins": st.lists(st.sampled_from(["*", "https://a"])),
+                            "allowedMethods": st.lists(st.sampled_from(["GET", "PUT"])),
+                        },
+                        optional={"maxAgeSeconds": st.integers(0, 86400)},
+                    ),
+                    max_size=2,
+                ),
+                "notifications": st.lists(
+                    st.builds(
+                        lambda ref, name, events, filters: {
+                            ref: {"name": name},
+                            "events": events,
+                            **filters,
+                        },
+                        st.sampled_from(["queueRef", "topicRef"]),
+                        SUBDOMAINS,
+                        st.lists(
+                            st.sampled_from(["s3:ObjectCreated:*", "s3:ObjectRemoved:Delete"]),
+                            min_size=1,
+                            unique=True,
+                        ),
+                        st.fixed_dictionaries(
+                            {}, optional={"prefix": st.just("in/"), "suffix": st.just(".csv")}
+                        ),
+                    ),
+                    max_size=2,
+                ),
             },
         )
     if kind == "Queue":
@@ -269,12 +307,30 @@ def kind_spec(
                     ),
                     max_size=3,
                 ),
+                "receiveWaitTimeSeconds": st.integers(0, 20),
+                "maximumMessageSizeBytes": st.integers(1024, 262144),
+                "encryption": st.one_of(
+                    st.just({"type": "SQS"}),
+                    st.fixed_dictionaries(
+                        {"type": st.just("KMS"), "kmsKeyId": KMS_KEYS},
+                        optional={"dataKeyReuseSeconds": st.integers(60, 86400)},
+                    ),
+                ),
+                "contentBasedDeduplication": st.booleans(),
+                "deduplicationScope": st.sampled_from(["messageGroup", "queue"]),
+                "fifoThroughputLimit": st.sampled_from(["perQueue", "perMessageGroupId"]),
             },
         )
     assert kind == "Topic", kind
     return (
         {},
-        {"topicName": WORDS, "fifo": st.booleans(), "displayName": st.text(max_size=20)},
+        {
+            "topicName": WORDS,
+            "fifo": st.booleans(),
+            "displayName": st.text(max_size=20),
+            "kmsKeyId": KMS_KEYS,
+            "contentBasedDeduplication": st.booleans(),
+        },
     )
 
 

@@ -326,6 +326,39 @@ def test_a_write_to_a_kind_whose_reads_do_not_lag_is_not_remembered(world):
     assert world.states.of(r.uid).recent_writes is None
 
 
+RECORD = [{"targetArn": "arn:aws:sqs:us-east-1:000000000000:inbox", "statementId": "sid"}]
+
+
+def test_what_an_update_makes_beyond_the_resource_is_recorded_before_it(world):
+    r = resource("S3Bucket", {"versioning": True})
+    obs = seeded(world, r, **{"spec.versioning": False})
+    obs.status = {"notifications": RECORD}  # what the bucket's update is about to make
+    world.apply(progress(r), obs)
+    patch = ("kube", "patch_status", "orders")
+    update = ("cloud", "update", r.external_name)
+    assert world.journal.index(patch) < world.journal.index(update)
+    assert world.kube.status_patches == [("S3Bucket", "orders", {"notifications": RECORD})]
+    assert r.status["notifications"] == RECORD
+
+
+def test_a_record_status_already_holds_is_not_written_again(world):
+    r = resource("S3Bucket", {"versioning": True}, status={"notifications": RECORD})
+    obs = seeded(world, r, **{"spec.versioning": False})
+    obs.status = {"notifications": RECORD}
+    world.apply(progress(r), obs)
+    assert world.clouds["S3Bucket"].writes() == ["update"]
+    assert world.kube.status_patches == []
+
+
+def test_a_kind_that_records_nothing_writes_no_status_before_an_update(world):
+    r = resource(spec={"visibilityTimeoutSeconds": 60})
+    obs = seeded(world, r, **{VIS: 30})
+    obs.status = {"notifications": RECORD}  # not a field the Queue kind records
+    world.apply(progress(r), obs)
+    assert world.clouds["Queue"].writes() == ["update"]
+    assert world.kube.status_patches == []
+
+
 def test_adopting_takes_the_spec_for_every_field_and_is_no_drift(world):
     r = resource(
         spec={"queueName": "legacy-orders", "visibilityTimeoutSeconds": 60},

@@ -5,6 +5,7 @@ being deleted; another owner's resource is never deleted."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -144,6 +145,26 @@ def test_delete_removes_the_cloud_resource_then_the_secret(world):
     assert world.kube.secrets == {}
     delete = world.journal.index(("cloud", "delete", r.external_name))
     assert delete < world.journal.index(("kube", "delete_secret", SECRET))
+
+
+def test_what_a_deletion_removes_beyond_the_resource_is_recorded_first(world, monkeypatch):
+    recording = dataclasses.replace(kinds.descriptor("Queue"), recorded_status=("made",))
+    monkeypatch.setitem(kinds.BY_KIND, "Queue", recording)
+    observe = world.cloud.observe
+
+    def observed(r: Resource):
+        obs = observe(r)
+        obs.status = {"made": ["arn:aws:sns:us-east-1:000000000000:news"]} if obs.exists else {}
+        return obs
+
+    monkeypatch.setattr(world.cloud, "observe", observed)
+    r = resource()
+    world.cloud.seed(r)
+    assert done(world.delete(r))
+    patch = world.journal.index(("kube", "patch_status", NAME))
+    assert patch < world.journal.index(("cloud", "delete", r.external_name))
+    made = {"made": ["arn:aws:sns:us-east-1:000000000000:news"]}
+    assert world.kube.status_patches == [("Queue", NAME, made)]
 
 
 def test_nothing_in_the_cloud_is_done_at_once(world):

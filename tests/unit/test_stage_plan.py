@@ -5,6 +5,7 @@ cloud now differs from what the plan said."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -210,6 +211,21 @@ def test_a_plan_with_a_ready_dependency_looks_at_the_cloud(world):
     }
     result, _ = world.plan(resource({"deadLetter": {"queueRef": {"name": DLQ}}}))
     assert plan_of(result)["action"] == "Create"
+
+
+def test_a_plan_compares_with_the_dependencies_arns_as_a_pass_does(world):
+    world.kube.resources[("Queue", NS, DLQ)] = {
+        "apiVersion": API_VERSION,
+        "kind": "Queue",
+        "metadata": {"namespace": NS, "name": DLQ, "uid": "dlq"},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}], "arn": "arn:dlq"},
+    }
+    r = resource({"deadLetter": {"queueRef": {"name": DLQ}}})
+    # The redrive policy in the cloud is what the spec asks for: nothing to change.
+    world.cloud.seed(dataclasses.replace(r, resolved={"deadLetterArn": "arn:dlq"}))
+    result, _ = world.plan(r)
+    assert plan_of(result)["action"] == "None"
+    assert plan_of(result)["changes"] == []
 
 
 def test_a_plan_the_cloud_could_not_observe_is_blocked(world):
