@@ -13,6 +13,13 @@ https://docs.aws.amazon.com/sns/latest/dg/sns-key-management.html):
   the key policy, for its service principal); SNS decrypts before it delivers, so
   subscribers need nothing from it.
 
+- a bucket whose event notifications go to a queue or topic encrypted with a KMS key: S3
+  encrypts what it sends with the target's key, so that key's policy must allow the service
+  principal `s3.amazonaws.com` `kms:GenerateDataKey` and `kms:Decrypt` (AWS: "Granting
+  permissions to publish event notification messages to a destination",
+  https://docs.aws.amazon.com/AmazonS3/latest/userguide/grant-destinations-permissions-to-s3.html);
+  the bucket's `status.kmsKeyPolicy` says so.
+
 An AWS managed key (`alias/aws/sqs`, `alias/aws/sns`) has a policy nobody can change: SNS,
 and AWS services that publish, cannot be allowed to use it.
 """
@@ -63,4 +70,28 @@ def topic_note(key: str) -> str | None:
         "publishes (S3 event notifications, ...) through the key policy, for its service "
         "principal; SNS decrypts before delivering, so subscribers need nothing from it; the "
         f"operator does not manage the key ({DOCS})"
+    )
+
+
+S3_DOCS = "https://docs.aws.amazon.com/AmazonS3/latest/userguide/grant-destinations-permissions-to-s3.html"
+
+
+def notification_note(target_keys: dict[str, str]) -> str | None:
+    """What the key policies of a bucket's encrypted notification targets must allow S3
+    (target ARN -> its KMS key)."""
+    if not target_keys:
+        return None
+    notes = []
+    for arn, key in sorted(target_keys.items()):
+        if aws_managed(key):
+            notes.append(
+                f"S3 cannot send to {arn}: it is encrypted with the AWS managed key {key}, "
+                "whose key policy cannot allow s3.amazonaws.com; use a customer managed key"
+            )
+        else:
+            notes.append(f"the key policy of {key} (of {arn}) must allow s3.amazonaws.com")
+    return (
+        "; ".join(notes)
+        + f": kms:GenerateDataKey and kms:Decrypt, or S3 cannot deliver the bucket's event "
+        f"notifications; the operator does not manage the keys ({S3_DOCS})"
     )

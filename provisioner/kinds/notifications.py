@@ -35,6 +35,7 @@ from typing import Any
 from provisioner.aws import errors
 from provisioner.aws.session import Aws
 from provisioner.crashpoints import crashpoint
+from provisioner.kinds import keys
 from provisioner.kinds.contract import FieldDiff
 from provisioner.model.account import AccountRef
 from provisioner.model.resource import Dependency, Resource
@@ -134,6 +135,8 @@ class Looked:
     ours: dict[str, dict[str, Any]] = field(default_factory=dict)
     held: set[str] = field(default_factory=set)
     allowed: set[str] = field(default_factory=set)
+    # The KMS key each wanted target is encrypted with (read with its policy, no extra call).
+    keys: dict[str, str] = field(default_factory=dict)
 
 
 def read(aws: Aws, s3: Any, resource: Resource) -> dict[str, Any]:
@@ -150,10 +153,13 @@ def read(aws: Aws, s3: Any, resource: Resource) -> dict[str, Any]:
     )
     wanted_targets = _targets(configs.values())
     for arn in sorted(targets):
+        target = Target(aws, arn, resource.account)
         try:
-            found = _find(Target(aws, arn, resource.account).policy(), sid)
+            found = _find(target.policy(), sid)
         except errors.NotFoundError:
             continue  # the target is gone, and its policy with it
+        if target.key and arn in wanted_targets:
+            looked.keys[arn] = target.key
         if found is None:
             continue
         looked.held.add(arn)
@@ -188,7 +194,10 @@ def status(resource: Resource, config: Mapping[str, Any]) -> dict[str, Any]:
         return {}
     targets = _targets(wanted(resource).values()) | _targets(looked.ours.values()) | looked.held
     sid = statement_id(resource.external_name)
-    return {STATUS: [{"targetArn": a, "statementId": sid} for a in sorted(targets)] or None}
+    return {
+        STATUS: [{"targetArn": a, "statementId": sid} for a in sorted(targets)] or None,
+        keys.STATUS_FIELD: keys.notification_note(looked.keys),
+    }
 
 
 def apply(aws: Aws, s3: Any, resource: Resource, looked: Looked) -> None:
@@ -237,6 +246,8 @@ class Target:
         _, _, self.service, region, _, self.name = arn.split(":", 5)
         self.client = aws.client(self.service, region, account)
         self.url = ""
+        # The KMS key the target is encrypted with ("" when none), read with its policy.
+        self.key = ""
 
     def policy(self) -> str | None:
         """The policy's text (None: none). Raises NotFoundError when the target is gone."""
@@ -248,9 +259,13 @@ class Target:
                 or self.aws.call(self.client.get_queue_url, QueueName=self.name)["QueueUrl"]
             )
             answer = self.aws.call(
-                self.client.get_queue_attributes, QueueUrl=self.url, AttributeNames=["Policy"]
+                self.client.get_queue_attributes,
+                QueueUrl=self.url,
+                AttributeNames=["Policy", "KmsMasterKeyId"],
             )
-        policy = (answer.get("Attributes") or {}).get("Policy")
+        attributes = answer.get("Attributes") or {}
+        self.key = str(attributes.get("KmsMasterKeyId") or "")
+        policy = attributes.get("Policy")
         return str(policy) if policy else None
 
     def set_policy(self, text: str) -> None:

@@ -8,11 +8,12 @@ import json
 from collections import Counter
 from dataclasses import dataclass, replace
 
+import boto3
 import pytest
 
 from provisioner.aws import errors
 from provisioner.aws.session import CALLS
-from provisioner.kinds import notifications, subscriptions
+from provisioner.kinds import keys, notifications, subscriptions
 from provisioner.kinds.s3 import S3Client
 from provisioner.kinds.sns import SnsClient
 from provisioner.kinds.sqs import SqsClient
@@ -128,7 +129,10 @@ def test_statements_and_configurations_are_put_beside_others(aws, s3, world):
     assert [d.field for d in obs.diffs] == [notifications.FIELD]
     # Recorded before anything is put: the reconciler writes this first.
     targets = sorted([world.queue_arn, world.topic_arn])
-    assert obs.status == {"notifications": [{"targetArn": a, "statementId": sid} for a in targets]}
+    assert obs.status == {
+        "notifications": [{"targetArn": a, "statementId": sid} for a in targets],
+        "kmsKeyPolicy": None,  # no target is encrypted with a KMS key
+    }
     s3.update(world.res, obs, obs.diffs)
 
     policy = _queue_policy(aws, world.url)
@@ -179,7 +183,10 @@ def test_a_removed_entry_and_the_deleted_bucket_take_only_what_is_ours(aws, s3, 
     }
     obs = s3.observe(fewer)
     assert obs.diffs == []
-    assert obs.status == {"notifications": [{"targetArn": world.topic_arn, "statementId": sid}]}
+    assert obs.status == {
+        "notifications": [{"targetArn": world.topic_arn, "statementId": sid}],
+        "kmsKeyPolicy": None,
+    }
 
     # Deleting the bucket takes its statement out of every target it recorded.
     gone = replace(fewer, spec=replace(fewer.spec, force_destroy=True), status=obs.status)
@@ -281,4 +288,26 @@ def test_a_bucket_without_notifications_costs_no_call_for_them(aws, s3, make_res
     obs = s3.observe(replace(res, status=recorded))
     assert (_calls() - before)["GetBucketNotificationConfiguration"] == 1
     # Its queue does not exist: nothing holds a statement, and the record goes.
-    assert obs.diffs == [] and obs.status == {"notifications": None}
+    assert obs.diffs == [] and obs.status == {"notifications": None, "kmsKeyPolicy": None}
+
+
+def test_a_target_encrypted_with_a_kms_key_says_what_its_key_must_allow_s3(
+    aws, s3, make_resource, moto_url
+):
+    """S3 encrypts what it sends with the target's key: the bucket's status names the key and
+    what its policy must allow, with no call beyond the look's own."""
+    kms = boto3.client("kms", endpoint_url=moto_url, region_name="us-east-1")
+    key = kms.create_key(Description="target key")["KeyMetadata"]["Arn"]
+    _, _, queue_arn = _queue(aws, make_resource, {"encryption": {"type": "KMS", "kmsKeyId": key}})
+    _, _, plain_arn = _queue(aws, make_resource)
+    entries = [
+        {"queueRef": {"name": "sealed"}, "events": CREATED, "prefix": "a/"},
+        {"queueRef": {"name": "plain"}, "events": CREATED, "prefix": "b/"},
+    ]
+    resolved = {"notify/queue/sealed": queue_arn, "notify/queue/plain": plain_arn}
+    res = _bucket(s3, make_resource, entries, resolved)
+    note = s3.observe(res).status["kmsKeyPolicy"]
+    assert note is not None and f"the key policy of {key} (of {queue_arn})" in note
+    assert "s3.amazonaws.com" in note and "kms:GenerateDataKey and kms:Decrypt" in note
+    assert plain_arn not in note
+    assert "AWS managed key" in keys.notification_note({queue_arn: "alias/aws/sqs"})
