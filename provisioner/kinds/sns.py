@@ -30,6 +30,8 @@ from provisioner.model.resource import Resource
 
 DISPLAY_NAME_FIELD = "spec.displayName"
 KMS_KEY_FIELD = "spec.kmsKeyId"
+# status: the key the operator put on the topic (spec.kmsKeyId when it was last applied).
+MANAGED_KEY = "kmsKeyId"
 DEDUPLICATION_FIELD = "spec.contentBasedDeduplication"
 # Mutable spec fields: contract field -> topic attribute (SetTopicAttributes takes one a call).
 ATTRIBUTES = {
@@ -108,7 +110,11 @@ class SnsClient(tagging.BatchTagLooks):
                 "region": resource.region,
                 **({"kmsKeyId": key} if (key := attributes.get("KmsMasterKeyId")) else {}),
             },
-            status={keys.STATUS_FIELD: keys.topic_note(resource.spec.kms_key_id)},
+            status={
+                keys.STATUS_FIELD: keys.topic_note(resource.spec.kms_key_id),
+                # The key this operator encrypts the topic with: only that is ever removed.
+                MANAGED_KEY: resource.spec.kms_key_id or None,
+            },
             client_state={"tags": tagged.tags},
         )
 
@@ -171,8 +177,11 @@ def _diffs(resource: Resource, attributes: dict[str, str]) -> list[FieldDiff]:
     spec = resource.spec
     pairs: list[tuple[str, Any, Any]] = [
         (DISPLAY_NAME_FIELD, attributes.get("DisplayName", ""), spec.display_name),
-        (KMS_KEY_FIELD, attributes.get("KmsMasterKeyId") or "", spec.kms_key_id),
     ]
+    if spec.kms_key_id or resource.status.get(MANAGED_KEY):
+        # Without spec.kmsKeyId, encryption is managed only if this operator set it: a key
+        # someone else put on the topic is left alone, never removed.
+        pairs.append((KMS_KEY_FIELD, attributes.get("KmsMasterKeyId") or "", spec.kms_key_id))
     if spec.fifo:
         dedup = str(attributes.get("ContentBasedDeduplication", "false")).lower() == "true"
         pairs.append((DEDUPLICATION_FIELD, dedup, spec.content_based_deduplication))

@@ -194,15 +194,34 @@ def test_kms_topic_read_back_drift_seen_and_key_removed(aws, sns, make_resource,
     sns.update(res, obs, obs.diffs)
     assert sns.observe(res).diffs == [] and _attributes(aws, arn)["KmsMasterKeyId"] == kms_key
 
-    # The key taken out of the spec: encryption off, no key value, no note.
-    plain = replace(res, spec=replace(res.spec, kms_key_id=""))
+    assert obs.status["kmsKeyId"] == kms_key  # recorded: the key this operator set
+
+    # The key taken out of the spec (status still records it): encryption off, no key
+    # value, no note, no record.
+    plain = replace(res, spec=replace(res.spec, kms_key_id=""), status={"kmsKeyId": kms_key})
     obs = sns.observe(plain)
     assert [(d.field, d.desired) for d in obs.diffs] == [("spec.kmsKeyId", "")]
     sns.update(plain, obs, obs.diffs)
     obs = sns.observe(plain)
     assert obs.diffs == [] and "KmsMasterKeyId" not in _attributes(aws, arn)
     assert "kmsKeyId" not in obs.connection and obs.status["kmsKeyPolicy"] is None
+    assert obs.status["kmsKeyId"] is None
     sns.delete(plain, obs)
+
+
+def test_a_key_someone_else_put_on_the_topic_is_left_alone(aws, sns, make_resource, kms_key):
+    """Without spec.kmsKeyId and without a key of the operator's own on record, encryption is
+    not the operator's: never removed, so the topic is never left less protected."""
+    res = make_resource("Topic")
+    sns.create(res, {})
+    arn = sns.topic_arn(res)
+    aws.client("sns").set_topic_attributes(
+        TopicArn=arn, AttributeName="KmsMasterKeyId", AttributeValue=kms_key
+    )
+    obs = sns.observe(res)
+    assert obs.diffs == [] and obs.status["kmsKeyId"] is None
+    assert _attributes(aws, arn)["KmsMasterKeyId"] == kms_key
+    sns.delete(res, obs)
 
 
 def test_fifo_topic_content_based_deduplication(aws, sns, make_resource):
@@ -231,7 +250,7 @@ def test_standard_topic_has_no_deduplication_diff(sns, make_resource):
     res = make_resource("Topic", {"contentBasedDeduplication": True})
     sns.create(res, {})
     obs = sns.observe(res)
-    assert obs.diffs == [] and obs.status == {"kmsKeyPolicy": None}
+    assert obs.diffs == [] and obs.status == {"kmsKeyPolicy": None, "kmsKeyId": None}
     sns.delete(res, obs)
 
 

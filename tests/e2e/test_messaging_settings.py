@@ -96,6 +96,7 @@ def test_queue_and_topic_with_a_kms_key(kube, operator, aws, namespace):
     assert attrs["KmsMasterKeyId"] == key
     assert attrs["KmsDataKeyReusePeriodSeconds"] == "900"
     assert topic_attributes(aws, topic["status"]["arn"])["KmsMasterKeyId"] == key
+    assert topic["status"]["kmsKeyId"] == key  # the key the operator set, on record
     subs = aws.sns.list_subscriptions_by_topic(TopicArn=topic["status"]["arn"])
     assert [s["Endpoint"] for s in subs["Subscriptions"]] == [queue["status"]["arn"]]
 
