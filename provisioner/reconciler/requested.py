@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from provisioner.model import schema_defaults
 from provisioner.model.resource import Resource
 
 
@@ -40,15 +41,22 @@ def _top(diff_field: str) -> str:
 
 
 def last_handled_spec(body: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The spec kopf last handled successfully (its diff base in status.kopf), None if none."""
+    """The spec kopf last handled successfully (its diff base in status.kopf), None if none;
+    read as the API server would serve it now (schema_defaults.last_handled_at_hub)."""
     stored = ((body.get("status") or {}).get("kopf") or {}).get("lastHandledConfiguration")
     if not stored or not isinstance(stored, str):
         return None
     try:
-        spec = json.loads(stored).get("spec") or {}
+        essence = json.loads(stored)
+        spec = essence.get("spec") or {}
     except (ValueError, AttributeError):
         return None
-    return dict(spec) if isinstance(spec, Mapping) else None
+    if not isinstance(spec, Mapping):
+        return None
+    meta = essence.get("metadata")
+    record = {"spec": spec, **({"metadata": meta} if isinstance(meta, Mapping) else {})}
+    hub = schema_defaults.last_handled_at_hub(record, str(body.get("kind") or ""))
+    return dict(hub.get("spec") or {})
 
 
 def requested_fields(

@@ -20,7 +20,7 @@ from provisioner import ACCOUNTS_API_VERSION, API_VERSION, FINALIZER, GROUP
 from provisioner.config import Settings
 from provisioner.kinds.registry import KINDS
 from provisioner.kube import login as kubelogin
-from provisioner.model import conversion
+from provisioner.model import schema_defaults
 from provisioner.placement import accounts
 from provisioner.reconciler.engine import Reconciler
 from provisioner.reconciler.fair_slots import FairSlots, fair_requests, fair_workers
@@ -44,8 +44,9 @@ def plain(value: Any) -> Any:
 class HubDiffBaseStorage(kopf.StatusDiffBaseStorage):
     """kopf's last-handled configuration, read at the version the operator watches.
 
-    One stored by an operator that watched v1alpha1 spells fields the old way; compared
-    as it is with a v1beta1 body, every resource would look changed after an upgrade.
+    One stored by an operator that watched v1alpha1 spells fields the old way, and one
+    stored by an earlier release lacks the fields added since with a default; compared as
+    it is with a body read now, every resource would look changed after an upgrade.
     The sharding labels are no part of it: a resource handed to another replica is resumed
     there, not taken for changed.
     """
@@ -57,7 +58,7 @@ class HubDiffBaseStorage(kopf.StatusDiffBaseStorage):
         essence = super().fetch(body=body)
         if essence is None:
             return None
-        converted = conversion.essence_to_hub(essence, str(body.get("kind", "")))
+        converted = schema_defaults.last_handled_at_hub(essence, str(body.get("kind", "")))
         return _without_shard_labels(cast(kopf.BodyEssence, converted))
 
 

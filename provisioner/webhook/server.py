@@ -36,7 +36,7 @@ from provisioner import GROUP, VERSION
 from provisioner.config import Settings
 from provisioner.kinds.registry import KINDS
 from provisioner.kube.client import Kube, KubeError
-from provisioner.model import conversion
+from provisioner.model import conversion, schema_defaults
 from provisioner.webhook import certificates as webhook_certs
 
 log = logging.getLogger(__name__)
@@ -286,7 +286,9 @@ async def check_crds(kube: Kube, run: Callable[..., Awaitable[Any]]) -> None:
             if not missing:
                 for name in crd_names():
                     try:
-                        check_crd(await run(kube.request, "GET", f"{CRD_PATH}/{name}"), name)
+                        crd = await run(kube.request, "GET", f"{CRD_PATH}/{name}")
+                        check_crd(crd, name)
+                        schema_defaults.remember(crd, VERSION)
                     except KubeError as exc:
                         if exc.status != 403:
                             raise
