@@ -12,7 +12,7 @@
 ARG BASE_IMAGE=python:3.11.17-slim-bookworm
 # The AWS services the operator calls (provisioner/aws/botodata.py, SERVICES): botocore keeps
 # only their models.
-ARG AWS_SERVICES="eks iam rds resourcegroupstaggingapi s3 sns sqs sts"
+ARG AWS_SERVICES="ec2 eks iam rds resourcegroupstaggingapi s3 sns sqs sts"
 
 FROM ${BASE_IMAGE} AS builder
 ARG AWS_SERVICES

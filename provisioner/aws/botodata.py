@@ -31,7 +31,7 @@ import botocore.session
 DATA_DIR = Path(__file__).with_name("botocore_data")
 
 # The AWS services the operator makes clients for (botocore's names).
-SERVICES = ("eks", "iam", "rds", "resourcegroupstaggingapi", "s3", "sns", "sqs", "sts")
+SERVICES = ("ec2", "eks", "iam", "rds", "resourcegroupstaggingapi", "s3", "sns", "sqs", "sts")
 
 # The S3 operations the operator calls, and those botocore itself calls on an S3 client
 # (HeadBucket: the region redirector; CreateSession: S3 Express directory buckets).

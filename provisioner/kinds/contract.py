@@ -116,6 +116,17 @@ class PasswordClient(Protocol):
 
 
 @runtime_checkable
+class LeftoverRemover(Protocol):
+    """The capability of kinds that make cloud resources for one resource alone that can go
+    only after it (an RDS instance's DB subnet group), recorded in status
+    (`KindDescriptor.recorded_status`) before they are made."""
+
+    def remove_leftovers(self, resource: Resource, observation: Observation) -> None:
+        """Once the cloud says the resource is gone (`observation`, exists=False, carries
+        what is recorded): delete those that are still there and its own. Idempotent."""
+
+
+@runtime_checkable
 class BatchObserver(Protocol):
     """The capability of kinds whose cloud describes many resources in one call (RDS: one
     DescribeDBInstances for up to 100 identifiers). The periodic resync then observes the

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from typing import Any
 from provisioner.aws import errors
 from provisioner.aws.errors import ErrorCodes
 from provisioner.aws.session import Aws
+from provisioner.kinds import rds_network, rds_settings
 from provisioner.kinds.contract import (
     FieldDiff,
     KindDescriptor,
@@ -40,6 +42,15 @@ class DatabaseSpec:
     publicly_accessible: bool = False
     backup_retention_days: int = 7
     instance_identifier: str | None = None
+    network: rds_network.NetworkSpec = dataclasses.field(default_factory=rds_network.NetworkSpec)
+    encryption: rds_settings.EncryptionSpec = dataclasses.field(
+        default_factory=rds_settings.EncryptionSpec
+    )
+    deletion_protection: bool = False
+    maintenance_window: str | None = None
+    backup_window: str | None = None
+    auto_minor_version_upgrade: bool | None = None
+    allow_major_version_upgrade: bool = False
 
     @classmethod
     def parse(cls, spec: Mapping[str, Any]) -> DatabaseSpec:
@@ -57,6 +68,13 @@ class DatabaseSpec:
             multi_az=bool(spec.get("multiAZ", False)),
             publicly_accessible=bool(spec.get("publiclyAccessible", False)),
             backup_retention_days=int(spec.get("backupRetentionDays", 7)),
+            network=rds_network.NetworkSpec.parse(spec.get("network")),
+            encryption=rds_settings.EncryptionSpec.parse(spec.get("encryption")),
+            deletion_protection=bool(spec.get("deletionProtection", False)),
+            maintenance_window=spec.get("maintenanceWindow") or None,
+            backup_window=spec.get("backupWindow") or None,
+            auto_minor_version_upgrade=spec.get("autoMinorVersionUpgrade"),
+            allow_major_version_upgrade=bool(spec.get("allowMajorVersionUpgrade", False)),
         )
 
 
@@ -72,9 +90,16 @@ MUTABLE = (
     ("spec.multiAZ", "multi_az", "MultiAZ"),
     ("spec.publiclyAccessible", "publicly_accessible", "PubliclyAccessible"),
     ("spec.backupRetentionDays", "backup_retention_days", "BackupRetentionPeriod"),
+    ("spec.deletionProtection", "deletion_protection", "DeletionProtection"),
+    ("spec.maintenanceWindow", "maintenance_window", "PreferredMaintenanceWindow"),
+    ("spec.backupWindow", "backup_window", "PreferredBackupWindow"),
+    ("spec.autoMinorVersionUpgrade", "auto_minor_version_upgrade", "AutoMinorVersionUpgrade"),
 )
-# ModifyDBInstance takes the DescribeDBInstances names, except for the port.
-MODIFY_PARAM = {field: key for field, _, key in MUTABLE} | {"spec.port": "DBPortNumber"}
+# ModifyDBInstance takes the DescribeDBInstances names, except for the port and security groups.
+MODIFY_PARAM = {field: key for field, _, key in MUTABLE} | {
+    "spec.port": "DBPortNumber",
+    rds_network.SECURITY_GROUPS_FIELD: "VpcSecurityGroupIds",
+}
 
 # States in which the instance exists and serves connections (Ready stays True);
 # "configuring-*" states count too.
@@ -108,7 +133,10 @@ class RdsClient:
                 rds.describe_db_instances, DBInstanceIdentifier=resource.external_name
             )
         except errors.NotFoundError:
-            return Observation(exists=False)
+            # What was recorded, or is about to be made, beyond the instance (its subnet group).
+            return Observation(
+                exists=False, status={rds_network.RECORD: rds_network.recorded(resource, None)}
+            )
         return _observation(resource, found["DBInstances"][0])
 
     def describe_many(
@@ -137,12 +165,20 @@ class RdsClient:
 
     def create(self, resource: Resource, secrets: dict[str, str]) -> Observation:
         spec = resource.spec
+        network = rds_network.Network(self.aws, resource)
+        network.check()  # before anything is made
+        network.make_subnet_group()
         optional = {
             "EngineVersion": spec.engine_version,
             "DBName": spec.database_name,
             "Port": spec.port,
             "StorageType": spec.storage_type,
             "Iops": spec.iops,
+            "DBSubnetGroupName": rds_network.subnet_group_of(resource),
+            "VpcSecurityGroupIds": list(spec.network.security_group_ids or ()) or None,
+            "PreferredMaintenanceWindow": spec.maintenance_window,
+            "PreferredBackupWindow": spec.backup_window,
+            "AutoMinorVersionUpgrade": spec.auto_minor_version_upgrade,
         }
         created = self.aws.call(
             self._rds(resource).create_db_instance,
@@ -155,7 +191,9 @@ class RdsClient:
             MultiAZ=spec.multi_az,
             PubliclyAccessible=spec.publicly_accessible,
             BackupRetentionPeriod=spec.backup_retention_days,
+            DeletionProtection=spec.deletion_protection,
             Tags=[{"Key": k, "Value": v} for k, v in resource.desired_tags.items()],
+            **spec.encryption.create_params(),
             **{k: v for k, v in optional.items() if v is not None},
         )["DBInstance"]
         # Its answer describes the new instance (`creating`), tagged as asked.
@@ -179,6 +217,13 @@ class RdsClient:
                 self.aws.call(rds.remove_tags_from_resource, ResourceName=arn, TagKeys=to_remove)
         if not changes:
             return
+        spec = resource.spec
+        versions = rds_settings.version_params(
+            spec.engine, spec.allow_major_version_upgrade, changes.get("spec.engineVersion")
+        )
+        if rds_network.SECURITY_GROUPS_FIELD in changes:
+            groups = changes[rds_network.SECURITY_GROUPS_FIELD].desired
+            rds_network.Network(self.aws, resource).check_security_groups(groups)
         storage = changes.get("spec.storage.sizeGiB")
         if storage is not None and storage.desired < storage.observed:
             raise errors.TerminalError(
@@ -190,9 +235,7 @@ class RdsClient:
                 f"instance is {state}; will retry", "InvalidDBInstanceState"
             )
         params = {MODIFY_PARAM[field]: diff.desired for field, diff in changes.items()}
-        version = changes.get("spec.engineVersion")
-        if version is not None and _is_major_upgrade(resource.spec.engine, version):
-            params["AllowMajorVersionUpgrade"] = True
+        params.update(versions)
         try:
             self.aws.call(
                 rds.modify_db_instance,
@@ -214,6 +257,15 @@ class RdsClient:
         if observation.deleting or resource.deletion_policy == "Retain":
             return
         name = resource.external_name
+        if observation.client_state["instance"].get("DeletionProtection"):
+            # The spec no longer asks for it (the reconciler holds the deletion while it
+            # does): RDS refuses to delete a protected instance.
+            self.aws.call(
+                self._rds(resource).modify_db_instance,
+                DBInstanceIdentifier=name,
+                DeletionProtection=False,
+                ApplyImmediately=True,
+            )
         if resource.deletion_policy == "Snapshot":
             # SkipFinalSnapshot=False is AWS's default; moto needs it spelled out.
             final = {
@@ -228,6 +280,11 @@ class RdsClient:
             )
         except errors.NotFoundError:
             return
+
+    def remove_leftovers(self, resource: Resource, observation: Observation) -> None:
+        """Once the instance is gone: its operator-made DB subnet group."""
+        if name := observation.status.get(rds_network.RECORD):
+            rds_network.Network(self.aws, resource).delete_subnet_group(name)
 
     def with_password(self, connection: dict[str, str], password: str) -> dict[str, str]:
         """The connection Secret's values: the cloud's details plus password and URI."""
@@ -275,6 +332,8 @@ def _observation(resource: Resource, instance: dict[str, Any]) -> Observation:
         status={
             "endpoint": f"{host}:{port}" if host else "",
             "pendingChanges": _pending(instance),
+            rds_network.RECORD: rds_network.recorded(resource, instance),
+            **rds_settings.encryption_status(instance),
         },
         applying=_pending(instance),
         client_state={"instance": instance},
@@ -301,6 +360,8 @@ def _current(instance: dict[str, Any]) -> dict[str, Any]:
 
 
 def _same(field: str, observed: object, desired: object) -> bool:
+    if (same := rds_settings.same(field, observed, desired)) is not None:
+        return same
     if field == "spec.engineVersion":
         # "15" asks for any 15.x: the cloud picks the minor version.
         return str(observed) == desired or str(observed).startswith(f"{desired}.")
@@ -316,19 +377,8 @@ def _diffs(resource: Resource, instance: dict[str, Any]) -> list[FieldDiff]:
         if desired is None or observed is None or _same(field, observed, desired):
             continue
         diffs.append(FieldDiff(field, observed, desired))
+    diffs += rds_network.security_group_diffs(resource, instance)
     return diffs + tag_diffs(_tags(instance), resource.desired_tags)
-
-
-def _is_major_upgrade(engine: str, version: FieldDiff) -> bool:
-    return _major(engine, version.observed) != _major(engine, version.desired)
-
-
-def _major(engine: str, version: str) -> str:
-    """RDS major version: "16" for postgres >= 10, else two parts ("9.6", "8.0", "10.11")."""
-    parts = str(version).split(".")
-    if engine == "postgres" and parts[0].isdigit() and int(parts[0]) >= 10:
-        return parts[0]
-    return ".".join(parts[:2])
 
 
 def list_instances(aws: Aws, region: str) -> Iterator[OwnedResource]:
@@ -336,6 +386,7 @@ def list_instances(aws: Aws, region: str) -> Iterator[OwnedResource]:
     for page in rds.get_paginator("describe_db_instances").paginate():
         for db in page.get("DBInstances", []):
             yield OwnedResource(KIND.kind, db["DBInstanceIdentifier"], _tags(db))
+    yield from rds_network.list_subnet_groups(aws, region)
 
 
 KIND = KindDescriptor(
@@ -353,11 +404,24 @@ KIND = KindDescriptor(
     list_resources=list_instances,
     error_codes=ErrorCodes(
         not_found=frozenset(
-            {"DBInstanceNotFound", "DBInstanceNotFoundFault", "DBSnapshotNotFound"}
+            {
+                "DBInstanceNotFound",
+                "DBInstanceNotFoundFault",
+                "DBSnapshotNotFound",
+                "DBSubnetGroupNotFoundFault",
+            }
         ),
-        conflict=frozenset({"DBInstanceAlreadyExists", "DBInstanceAlreadyExistsFault"}),
+        conflict=frozenset(
+            {
+                "DBInstanceAlreadyExists",
+                "DBInstanceAlreadyExistsFault",
+                "DBSubnetGroupAlreadyExists",
+                "DBSubnetGroupAlreadyExistsFault",
+            }
+        ),
         retryable=frozenset({"InvalidDBInstanceState", "InvalidDBInstanceStateFault"}),
     ),
     on_localstack=False,
     creating_states=frozenset({"", "creating"}),
+    recorded_status=(rds_network.RECORD,),
 )

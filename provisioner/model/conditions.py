@@ -23,6 +23,8 @@ RECONCILE_ERROR = "ReconcileError"
 INVALID_SPEC = "InvalidSpec"
 NAME_CONFLICT = "NameConflict"
 PAUSED = "Paused"
+# A deletion held by spec.deletionProtection (DatabaseInstance).
+DELETION_PROTECTED = "DeletionProtected"
 # plan-only annotation: observed, status.plan written, nothing applied
 PLAN_ONLY = "PlanOnly"
 # Expiring reasons (spec.ttl, spec.expiresAt)

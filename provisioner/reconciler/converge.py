@@ -49,11 +49,18 @@ class Converge:
         self.placement = placement
         self.states = states
 
-    async def create(self, p: Progress, client: ExternalClient) -> Observation:
-        """Create the cloud resource and observe it again."""
+    async def create(
+        self, p: Progress, client: ExternalClient, absent: Observation | None = None
+    ) -> Observation:
+        """Create the cloud resource and observe it again. What the look that found it
+        absent records in status (`recorded_status`: what the create makes beyond it) is
+        written first."""
         resource = p.resource
         name = resource.external_name
         unnamed = await self._pin(resource, client)
+        if absent is not None:
+            keys = tuple(k for k in p.kind.recorded_status if k in absent.status)
+            await record(self.kube, self.workers, resource, absent, keys)
         if p.resync and not unnamed:
             p.event("Warning", "Vanished", f"{name} disappeared from the cloud; recreating it")
         create_secrets: dict[str, str] = {}

@@ -7,7 +7,7 @@ from __future__ import annotations
 from provisioner.aws import errors
 from provisioner.crashpoints import crashpoint
 from provisioner.kinds import registry as kinds
-from provisioner.kinds.contract import ExternalClient
+from provisioner.kinds.contract import ExternalClient, LeftoverRemover
 from provisioner.kube.client import Kube
 from provisioner.model import annotations as annotation_keys
 from provisioner.model import conditions as cond
@@ -51,6 +51,8 @@ class Deletion:
             held = await self._held_by_pause(resource, retry, done)
             if held is not None:
                 return held
+        if getattr(resource.spec, "deletion_protection", False):
+            return _protected(resource, retry)
         access = self.grants.held(resource)
         if resource.deletion_policy == "Retain" and access is None:
             return await self._retain(resource, done)
@@ -124,6 +126,8 @@ class Deletion:
         if obs.exists:
             message = f"deleting {name} ({obs.state or 'in progress'})"
             return _deleting(message, backoff(retry, WAIT_BASE, WAIT_CAP))
+        if isinstance(client, LeftoverRemover):
+            await self.workers.write(resource.uid, client.remove_leftovers, resource, obs)
         await self.secret.delete(resource)
         done.events.append(Event("Normal", "Deleted", f"deleted {resource.kind} {name}"))
         return done
@@ -138,6 +142,27 @@ class Deletion:
             )
         )
         return done
+
+
+def _protected(resource: Resource, retry: int) -> Result:
+    """spec.deletionProtection holds the deletion (where the admission policy that refuses
+    the delete is not installed) until it is set to false."""
+    message = (
+        f"spec.deletionProtection is true: {resource.external_name} is not deleted; turn it "
+        f"off to delete it (kubectl patch {resource.kind.lower()} {resource.name} -n "
+        f'{resource.namespace} --type=merge -p \'{{"spec":{{"deletionProtection":false}}}}\'), '
+        f"then deletionPolicy {resource.deletion_policy} applies"
+    )
+    synced = cond.Condition(cond.SYNCED, False, cond.DELETION_PROTECTED, message)
+    result = Result(
+        conditions=[cond.Condition(cond.READY, False, cond.DELETING, message), synced],
+        for_generation=False,
+        requeue_after=backoff(retry, WAIT_BASE, HELD_CAP),
+        verdict=Verdict.WAITING,
+    )
+    if cond.changed(resource.status, synced):
+        result.events.append(Event("Warning", cond.DELETION_PROTECTED, message))
+    return result
 
 
 def _deleting(message: str, delay: float) -> Result:

@@ -36,6 +36,7 @@ REGIONS = {
 }
 # One call per service, made up to the point where it would be sent.
 CALLS: dict[str, tuple[str, dict[str, Any]]] = {
+    "ec2": ("describe_subnets", {}),
     "eks": ("list_pod_identity_associations", {"clusterName": "c"}),
     "iam": ("list_roles", {}),
     "rds": ("describe_db_instances", {}),

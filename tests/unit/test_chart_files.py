@@ -164,6 +164,8 @@ COMMON = [
     ("ServiceAccount", "ops"),
     ("ValidatingAdmissionPolicy", None),  # requested-by: nobody else's name, never changed
     ("ValidatingAdmissionPolicyBinding", None),
+    ("ValidatingAdmissionPolicy", None),  # deletion-protection: no delete while it is on
+    ("ValidatingAdmissionPolicyBinding", None),
 ]
 
 
@@ -491,11 +493,16 @@ def test_policies_are_off_by_default_and_requested_by_needs_the_api(helm):
     # Who asked is checked everywhere, on every Kubernetes version; stamped only where the
     # API server serves MutatingAdmissionPolicy.
     checked = [
+        ("ValidatingAdmissionPolicy", "provisioner-deletion-protection"),
         ("ValidatingAdmissionPolicy", "provisioner-requested-by"),
+        ("ValidatingAdmissionPolicyBinding", "provisioner-deletion-protection"),
         ("ValidatingAdmissionPolicyBinding", "provisioner-requested-by"),
     ]
     assert policies(render(helm)) == checked
     assert policies(render(helm, "requestedBy.enabled=false")) == checked
+    assert policies(render(helm, "deletionProtection.enabled=false")) == [
+        c for c in checked if c[1] != "provisioner-deletion-protection"
+    ]
     args = [str(helm), "template", "provisioner", str(CHART), "--namespace", "ops"]
     args += ["--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"]
     result = subprocess.run(args, capture_output=True, text=True, check=True)
@@ -508,7 +515,7 @@ def test_policies_are_off_by_default_and_requested_by_needs_the_api(helm):
         ]
     )
     on = render(helm, "policy.enabled=true")
-    assert [kind for kind, name in policies(on) if not name.endswith("-requested-by")] == [
+    assert [kind for kind, name in policies(on) if name.endswith(("-databases", "-buckets"))] == [
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
@@ -516,17 +523,25 @@ def test_policies_are_off_by_default_and_requested_by_needs_the_api(helm):
     ]
 
 
+def requested_by_policy(docs):
+    return [d for d in docs if d["metadata"]["name"] == "provisioner-requested-by"]
+
+
 def test_requested_by_is_checked_on_create_and_update_and_verified_for_the_operator(helm):
     docs = render(helm)
-    (policy,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
+    (policy,) = [d for d in requested_by_policy(docs) if d["kind"] == "ValidatingAdmissionPolicy"]
     (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
     assert sorted(rule["operations"]) == ["CREATE", "UPDATE"]
     assert "request.userInfo.username" in policy["spec"]["validations"][0]["expression"]
-    (binding,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    (binding,) = [
+        d for d in requested_by_policy(docs) if d["kind"] == "ValidatingAdmissionPolicyBinding"
+    ]
     # Every namespace, whatever requestedBy.namespaceSelector says (that is the stamping's).
     assert "matchResources" not in binding["spec"]
     narrowed = render(helm, "requestedBy.namespaceSelector.matchLabels.stamp=yes")
-    (binding,) = [d for d in narrowed if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    (binding,) = [
+        d for d in requested_by_policy(narrowed) if d["kind"] == "ValidatingAdmissionPolicyBinding"
+    ]
     assert "matchResources" not in binding["spec"]
 
     def requested_by(docs):
@@ -537,7 +552,9 @@ def test_requested_by_is_checked_on_create_and_update_and_verified_for_the_opera
     assert requested_by(docs) == requested_by(narrowed) == "verified"
     # Checked in some namespaces only: elsewhere the annotation is a claim, named nowhere.
     some = render(helm, "requestedBy.validationNamespaceSelector.matchLabels.team=a")
-    (binding,) = [d for d in some if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    (binding,) = [
+        d for d in requested_by_policy(some) if d["kind"] == "ValidatingAdmissionPolicyBinding"
+    ]
     assert binding["spec"]["matchResources"] == {
         "namespaceSelector": {"matchLabels": {"team": "a"}}
     }
@@ -739,6 +756,7 @@ def test_policies_read_v1beta1_and_convert_v1alpha1_requests_first(helm):
         if d["kind"] == "ValidatingAdmissionPolicy"
         and d["metadata"]["name"] != "provisioner-requested-by"
     ]
+    assert len(policies) == 3  # databases, buckets, deletion-protection
     assert policies
     for policy in policies:
         constraints = policy["spec"]["matchConstraints"]
@@ -784,3 +802,23 @@ def test_sharding_makes_every_replica_act_on_its_share(helm):
     assert not [d for d in off if d["metadata"]["name"].endswith("-sharding")]
     (deployment,) = [d for d in off if d["kind"] == "Deployment"]
     assert "--sharding=on" not in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_deletion_protection_refuses_the_delete_of_a_protected_database(helm):
+    docs = [d for d in render(helm) if d["metadata"]["name"] == "provisioner-deletion-protection"]
+    (policy,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["operations"] == ["DELETE"] and rule["resources"] == ["databaseinstances"]
+    (validation,) = policy["spec"]["validations"]
+    assert "oldObject.spec.?deletionProtection" in validation["expression"]
+    assert "--type=merge" in validation["messageExpression"]
+    (binding,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    narrowed = render(helm, "deletionProtection.namespaceSelector.matchLabels.team=a")
+    (binding,) = [
+        d
+        for d in narrowed
+        if d["kind"] == "ValidatingAdmissionPolicyBinding"
+        and d["metadata"]["name"] == "provisioner-deletion-protection"
+    ]
+    assert binding["spec"]["matchResources"]["namespaceSelector"] == {"matchLabels": {"team": "a"}}
