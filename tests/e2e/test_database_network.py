@@ -471,3 +471,53 @@ def test_the_chart_policy_refuses_deleting_a_protected_database(kube, protected_
     merge_patch(kube, "dbi", ns, "guarded", '{"spec":{"deletionProtection":false}}')
     kube.kubectl("delete", "dbi", "guarded", "-n", ns, "--wait=false")
     wait_gone(kube, "dbi", ns, "guarded")
+
+
+# -- crash safety: the subnet group made, the instance not yet ------------------------------
+
+
+def wait_killed(op, timeout: float = 90) -> None:
+    wait_for(lambda: op.proc.poll() is not None, timeout=timeout, what="the operator to be killed")
+    assert op.proc.returncode == -9, f"operator exited with {op.proc.returncode}, not SIGKILL"
+    op.proc = None
+
+
+def killed_after_the_subnet_group(kube, vpc, namespace, start_operator, name) -> dict[str, Any]:
+    """Apply a database in subnets to an operator killed right after it made the subnet
+    group; the group exists and is recorded in status, the instance does not."""
+    doomed = start_operator(env={"PROVISIONER_CRASHPOINTS": "after-subnet-group"})
+    apply(kube, namespace, manifest(name, {"network": {"subnetIds": vpc.subnets}}))
+    wait_killed(doomed)
+    cr = get(kube, "dbi", namespace, name)
+    uid = cr["metadata"]["uid"]
+    group = cr["status"]["subnetGroup"]
+    assert vpc.subnet_group(group) is not None
+    identifier = group.removeprefix("provisioner-")
+    assert vpc.instance(identifier) is None
+    return {"uid": uid, "group": group, "identifier": identifier}
+
+
+def test_killed_after_the_subnet_group_goes_on_with_it(
+    kube, aws, vpc, own_namespace, start_operator
+):
+    made = killed_after_the_subnet_group(kube, vpc, own_namespace, start_operator, "resumed")
+    start_operator()
+    cr = wait_ready(kube, "dbi", own_namespace, "resumed", timeout=90)
+    assert cr["status"]["externalName"] == made["identifier"]
+    owned = sorted(owned_cloud_resources(aws, made["uid"]))
+    assert owned == [("DBSubnetGroup", made["group"]), ("DatabaseInstance", made["identifier"])]
+    assert vpc.instance(made["identifier"])["DBSubnetGroup"]["DBSubnetGroupName"] == made["group"]
+    kube.kubectl("delete", "dbi", "resumed", "-n", own_namespace, "--wait=false")
+    wait_gone(kube, "dbi", own_namespace, "resumed", timeout=90)
+    assert owned_cloud_resources(aws, made["uid"]) == []
+
+
+def test_killed_after_the_subnet_group_then_deleted_leaves_nothing(
+    kube, aws, vpc, own_namespace, start_operator
+):
+    made = killed_after_the_subnet_group(kube, vpc, own_namespace, start_operator, "dropped")
+    kube.kubectl("delete", "dbi", "dropped", "-n", own_namespace, "--wait=false")
+    start_operator()
+    wait_gone(kube, "dbi", own_namespace, "dropped", timeout=90)
+    assert owned_cloud_resources(aws, made["uid"]) == []
+    assert vpc.subnet_group(made["group"]) is None
