@@ -2,7 +2,8 @@
 
 `creating` then `backing-up` before `available`; `modifying` with the new values in
 PendingModifiedValues and the old ones still current until applied
-(`resetting-master-credentials` for a password alone); `storage-optimization` after a storage
+(`resetting-master-credentials` for a password alone; `modifying` with the new values shown at
+once for deletion protection, windows and security groups); `storage-optimization` after a storage
 change, and no further storage change for a while; `deleting` before DBInstanceNotFound, the
 identifier refused meanwhile; snapshots `creating` before `available`; ModifyDBInstance refused
 (InvalidDBInstanceState) while the instance is busy.
@@ -47,6 +48,15 @@ MODIFIABLE = {
     "MultiAZ": ("MultiAZ", "MultiAZ"),
     "BackupRetentionPeriod": ("BackupRetentionPeriod", "BackupRetentionPeriod"),
 }
+# ModifyDBInstance parameters AWS applies at once, shown `modifying` for a while all the same:
+# DescribeDBInstances element (None: the security groups, listed).
+IMMEDIATE = {
+    "DeletionProtection": "DeletionProtection",
+    "PreferredBackupWindow": "PreferredBackupWindow",
+    "PreferredMaintenanceWindow": "PreferredMaintenanceWindow",
+    "AutoMinorVersionUpgrade": "AutoMinorVersionUpgrade",
+}
+SECURITY_GROUPS = "VpcSecurityGroupIds.VpcSecurityGroupId."
 BUSY = {"creating", "modifying", "resetting-master-credentials", "deleting"}
 
 
@@ -56,6 +66,20 @@ def _current_value(element: ET.Element, tag: str) -> str | None:
     else:
         found = element.find(_q(tag))
     return None if found is None else (found.text or "")
+
+
+def _changes_at_once(params: dict[str, str], before: ET.Element) -> bool:
+    """Whether the call changes a value AWS applies at once (deletion protection, windows,
+    security groups)."""
+    for param, tag in IMMEDIATE.items():
+        was = _current_value(before, tag)
+        if param in params and (was or "").lower() != params[param].lower():
+            return True
+    wanted = {v for k, v in params.items() if k.startswith(SECURITY_GROUPS)}
+    if not wanted:
+        return False
+    shown = {e.text for e in before.iter(_q("VpcSecurityGroupId"))}
+    return wanted != shown
 
 
 def _set_value(element: ET.Element, tag: str, value: str) -> None:
@@ -142,7 +166,7 @@ class RdsModel:
         password = "MasterUserPassword" in params
         if password:
             pending["MasterUserPassword"] = "****"
-        if not pending:
+        if not pending and not _changes_at_once(params, before):
             return
         alone = password and len(pending) == 1
         until = now + self.draw("rds.reset_password" if alone else "rds.modify")

@@ -15,7 +15,9 @@ import pytest
 import yaml
 
 from provisioner_dev.awsenv import aws_env
+from provisioner_dev.awslike import AwsLikeProxy
 from provisioner_dev.binaries import REPO_ROOT, cached_helm, ensure_helm
+from tests.conftest import TEST_CLOUD
 from tests.helpers import (
     apply,
     assert_refused,
@@ -40,7 +42,7 @@ CHART = REPO_ROOT / "deploy" / "helm" / "provisioner"
 class Vpc:
     """A VPC with two subnets (two zones), two security groups and a KMS key, in moto."""
 
-    def __init__(self, endpoint_url: str) -> None:
+    def __init__(self, endpoint_url: str, make: bool = True) -> None:
         env = aws_env(endpoint_url)
         session = boto3.session.Session(
             aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
@@ -51,6 +53,15 @@ class Vpc:
         self.ec2 = session.client("ec2", endpoint_url=endpoint_url)
         self.rds = session.client("rds", endpoint_url=endpoint_url)
         self.kms = session.client("kms", endpoint_url=endpoint_url)
+        if make:
+            self._make(region)
+
+    @classmethod
+    def through(cls, endpoint_url: str) -> Vpc:
+        """The clients alone, e.g. through the aws-like proxy (nothing is made)."""
+        return cls(endpoint_url, make=False)
+
+    def _make(self, region: str) -> None:
         self.vpc = self.ec2.create_vpc(CidrBlock="10.20.0.0/16")["Vpc"]["VpcId"]
         self.subnets = [
             self.ec2.create_subnet(
@@ -489,6 +500,7 @@ def killed_after_the_subnet_group(kube, vpc, namespace, start_operator, name) ->
     apply(kube, namespace, manifest(name, {"network": {"subnetIds": vpc.subnets}}))
     wait_killed(doomed)
     cr = get(kube, "dbi", namespace, name)
+    assert cr is not None
     uid = cr["metadata"]["uid"]
     group = cr["status"]["subnetGroup"]
     assert vpc.subnet_group(group) is not None
@@ -521,3 +533,73 @@ def test_killed_after_the_subnet_group_then_deleted_leaves_nothing(
     wait_gone(kube, "dbi", own_namespace, "dropped", timeout=90)
     assert owned_cloud_resources(aws, made["uid"]) == []
     assert vpc.subnet_group(made["group"]) is None
+
+
+# -- the aws-like profile: modifying, deleting, and the subnet group after the instance -------
+
+
+@pytest.fixture
+def aws_like(cluster) -> Iterator[Any]:
+    """An aws-like proxy in front of the session's moto, RDS at 60x: the modification and
+    the deletion last 10 s each."""
+    if TEST_CLOUD != "moto":
+        pytest.skip("the aws-like proxy stands in front of moto")
+    proxy = AwsLikeProxy(
+        upstream=cluster.moto.url,
+        args=[
+            "--time-scale=60",
+            "--duration=rds.create=120",
+            "--duration=rds.backup=60",
+            "--duration=rds.modify=600",
+            "--duration=rds.delete=600",
+        ],
+        seed=11,
+        log=cluster.dir / f"awslike-{uuid.uuid4().hex[:6]}.log",
+    )
+    proxy.start()
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+
+
+def test_protected_database_in_subnets_under_the_aws_like_profile(
+    kube, vpc, aws_like, own_namespace, start_operator
+):
+    start_operator(endpoint_url=aws_like.url)
+    seen = Vpc.through(aws_like.url)
+    first, second = vpc.groups
+    spec = {
+        "network": {"subnetIds": vpc.subnets, "securityGroupIds": [first]},
+        "deletionProtection": True,
+    }
+    apply(kube, own_namespace, manifest("slow", spec))
+    cr = wait_ready(kube, "dbi", own_namespace, "slow", timeout=90)
+    identifier, group = cr["status"]["externalName"], cr["status"]["subnetGroup"]
+
+    merge_patch(
+        kube, "dbi", own_namespace, "slow",
+        f'{{"spec":{{"network":{{"securityGroupIds":["{first}","{second}"]}}}}}}',
+    )  # fmt: skip
+    wait_for(
+        lambda: (seen.instance(identifier) or {}).get("DBInstanceStatus") == "modifying",
+        timeout=30,
+        what="the security group change to show the instance modifying",
+    )
+    wait_ready(kube, "dbi", own_namespace, "slow", timeout=90, generation=2)
+    assert security_groups(seen.instance(identifier)) == sorted([first, second])
+
+    kube.kubectl("delete", "dbi", "slow", "-n", own_namespace, "--wait=false")
+    wait_condition(kube, "dbi", own_namespace, "slow", "Synced", "False", "DeletionProtected")
+    merge_patch(kube, "dbi", own_namespace, "slow", '{"spec":{"deletionProtection":false}}')
+    # RDS's flag off (modifying), then deleting: the finalizer and the subnet group stay
+    # until the cloud says the instance is gone.
+    wait_for(
+        lambda: (seen.instance(identifier) or {}).get("DBInstanceStatus") == "deleting",
+        timeout=60,
+        what="the instance to be deleting",
+    )
+    held = get(kube, "dbi", own_namespace, "slow")
+    assert held is not None and vpc.subnet_group(group) is not None
+    wait_gone(kube, "dbi", own_namespace, "slow", timeout=120)
+    assert seen.instance(identifier) is None and vpc.subnet_group(group) is None
