@@ -224,6 +224,45 @@ def test_paused_holds_the_deletion(world, no_jitter):
     assert world.kube.secret_writes == []
 
 
+@pytest.mark.parametrize("policy", ["Delete", "Snapshot", "Retain"])
+def test_deletion_protection_holds_the_deletion_whatever_the_policy(world, no_jitter, policy):
+    body = {
+        "kind": "DatabaseInstance",
+        "metadata": {
+            "namespace": NS,
+            "name": NAME,
+            "uid": "uid-orders",
+            "generation": 2,
+            "deletionTimestamp": "2030-01-01T00:00:00Z",
+        },
+        "spec": {
+            "engine": "postgres",
+            "instanceClass": "db.t3.micro",
+            "deletionPolicy": policy,
+            "deletionProtection": True,
+        },
+    }
+    r = kinds.parse(body, region="us-east-1", cluster_id="test")
+    result = world.delete(r, LATE)
+    assert not result.release_finalizer and result.for_generation is False
+    assert shown(result) == {
+        cond.READY: (False, cond.DELETING),
+        cond.SYNCED: (False, cond.DELETION_PROTECTED),
+    }
+    assert result.requeue_after == HELD_CAP
+    synced = next(c for c in result.conditions if c.type == cond.SYNCED)
+    assert '{"spec":{"deletionProtection":false}}' in synced.message
+    assert f"deletionPolicy {policy}" in synced.message
+    assert events(result) == [("Warning", cond.DELETION_PROTECTED)]
+    assert world.cloud.calls == [] and world.kube.secret_writes == []
+    # Said once: a pass that finds the same condition posts no second Event.
+    shown_before = dataclasses.replace(
+        r, status={"conditions": [{"type": "Synced", "status": "False",
+                                   "reason": cond.DELETION_PROTECTED, "message": synced.message}]}
+    )  # fmt: skip
+    assert events(world.delete(shown_before, LATE)) == []
+
+
 def test_a_namespace_being_deleted_overrides_the_pause(world):
     r = resource(annotations=PAUSE)
     world.cloud.seed(r)
