@@ -402,6 +402,8 @@ def test_down_takes_the_policies_out_of_a_cluster_it_did_not_start(dev_dir):
             "validatingadmissionpolicybinding",
             "clusterrole",
         }
+        # The deletion-protection policy, with its binding, is applied too.
+        assert sum(name.endswith("-deletion-protection") for _, name in objects) == 2
         for resource, name in objects:
             cluster.kubectl("get", resource, name)
         down = dev(dev_dir, "down")
