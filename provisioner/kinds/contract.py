@@ -116,6 +116,16 @@ class PasswordClient(Protocol):
 
 
 @runtime_checkable
+class LeftoverRemover(Protocol):
+    """The capability of kinds that make something beside the resource that must outlive it
+    (RDS: the instance's DB parameter group, which AWS lets go only once no instance uses it)."""
+
+    def remove_leftovers(self, resource: Resource) -> str:
+        """Once the resource is gone: remove what was made beside it (recorded in status).
+        Returns "" when nothing is left, else why the deletion still waits."""
+
+
+@runtime_checkable
 class BatchObserver(Protocol):
     """The capability of kinds whose cloud describes many resources in one call (RDS: one
     DescribeDBInstances for up to 100 identifiers). The periodic resync then observes the
@@ -216,6 +226,11 @@ class KindDescriptor:
     # The reconciler writes them to status right before those calls whenever they differ
     # from it, so that a crash during a call leaves the record for the next pass to find.
     recorded_status: tuple[str, ...] = ()
+    # Diffs that an annotation asks for (RDS `reboot`: reboot-requested-at), by FieldDiff
+    # field, with the status field that records the value handled. They are requested changes
+    # whatever the drift policy, done once per value: the reconciler records the value right
+    # after the client's update call has done it.
+    requests: Mapping[str, str] = field(default_factory=dict)
 
 
 def levels(

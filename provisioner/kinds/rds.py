@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from typing import Any
 from provisioner.aws import errors
 from provisioner.aws.errors import ErrorCodes
 from provisioner.aws.session import Aws
+from provisioner.kinds import rds_parameters
 from provisioner.kinds.contract import (
     FieldDiff,
     KindDescriptor,
@@ -40,6 +42,8 @@ class DatabaseSpec:
     publicly_accessible: bool = False
     backup_retention_days: int = 7
     instance_identifier: str | None = None
+    # spec.parameters (provisioner/kinds/rds_parameters.py); None: the engine's defaults.
+    parameters: tuple[tuple[str, str], ...] | None = None
 
     @classmethod
     def parse(cls, spec: Mapping[str, Any]) -> DatabaseSpec:
@@ -57,6 +61,7 @@ class DatabaseSpec:
             multi_az=bool(spec.get("multiAZ", False)),
             publicly_accessible=bool(spec.get("publiclyAccessible", False)),
             backup_retention_days=int(spec.get("backupRetentionDays", 7)),
+            parameters=rds_parameters.parse(spec),
         )
 
 
@@ -108,8 +113,11 @@ class RdsClient:
                 rds.describe_db_instances, DBInstanceIdentifier=resource.external_name
             )
         except errors.NotFoundError:
-            return Observation(exists=False)
-        return _observation(resource, found["DBInstances"][0])
+            return Observation(exists=False, status=rds_parameters.absent_status(resource))
+        instance = found["DBInstances"][0]
+        return _observation(
+            resource, instance, rds_parameters.read(self.aws, rds, resource, instance)
+        )
 
     def describe_many(
         self, region: str, names: Sequence[str], account: AccountRef | None = None
@@ -126,14 +134,17 @@ class RdsClient:
                     rds.describe_db_instances, Filters=chosen, MaxRecords=DESCRIBE_PAGE, **marker
                 )
                 for instance in page.get("DBInstances", []):
-                    found[instance["DBInstanceIdentifier"]] = instance
+                    if rds_parameters.batchable(instance):  # else: its own look
+                        found[instance["DBInstanceIdentifier"]] = instance
                 if not page.get("Marker"):
                     break
                 marker = {"Marker": page["Marker"]}
         return found
 
     def observed(self, resource: Resource, described: Any) -> Observation:
-        return _observation(resource, described)
+        return _observation(
+            resource, described, rds_parameters.read(None, None, resource, described)
+        )
 
     def create(self, resource: Resource, secrets: dict[str, str]) -> Observation:
         spec = resource.spec
@@ -144,8 +155,10 @@ class RdsClient:
             "StorageType": spec.storage_type,
             "Iops": spec.iops,
         }
+        rds = self._rds(resource)
+        optional.update(rds_parameters.create_group(self.aws, rds, resource))
         created = self.aws.call(
-            self._rds(resource).create_db_instance,
+            rds.create_db_instance,
             DBInstanceIdentifier=resource.external_name,
             Engine=spec.engine,
             DBInstanceClass=spec.instance_class,
@@ -162,7 +175,7 @@ class RdsClient:
         created.setdefault(
             "TagList", [{"Key": k, "Value": v} for k, v in resource.desired_tags.items()]
         )
-        return _observation(resource, created)
+        return rds_parameters.after_create(resource, _observation(resource, created))
 
     def update(self, resource: Resource, observation: Observation, diffs: list[FieldDiff]) -> None:
         instance = observation.client_state["instance"]
@@ -177,8 +190,19 @@ class RdsClient:
                 self.aws.call(rds.add_tags_to_resource, ResourceName=arn, Tags=pairs)
             if to_remove:
                 self.aws.call(rds.remove_tags_from_resource, ResourceName=arn, TagKeys=to_remove)
-        if not changes:
-            return
+        parameters = changes.pop(rds_parameters.FIELD, None)
+        reboot = changes.pop(rds_parameters.REBOOT, None)
+        if parameters is not None:
+            rds_parameters.apply(self.aws, rds, resource, instance)
+        if changes:
+            self._modify(resource, instance, changes)
+        if reboot is not None:
+            rds_parameters.reboot(self.aws, rds, resource, instance)
+
+    def _modify(
+        self, resource: Resource, instance: dict[str, Any], changes: dict[str, FieldDiff]
+    ) -> None:
+        rds = self._rds(resource)
         storage = changes.get("spec.storage.sizeGiB")
         if storage is not None and storage.desired < storage.observed:
             raise errors.TerminalError(
@@ -209,6 +233,12 @@ class RdsClient:
                     retry_after=STORAGE_RETRY_SECONDS,
                 ) from None
             raise
+
+    def remove_leftovers(self, resource: Resource) -> str:
+        """After the instance is gone: its parameter group."""
+        if not rds_parameters.wanted(resource):
+            return ""
+        return rds_parameters.remove_group(self.aws, self._rds(resource), resource)
 
     def delete(self, resource: Resource, observation: Observation) -> None:
         if observation.deleting or resource.deletion_policy == "Retain":
@@ -250,7 +280,9 @@ class RdsClient:
         )
 
 
-def _observation(resource: Resource, instance: dict[str, Any]) -> Observation:
+def _observation(
+    resource: Resource, instance: dict[str, Any], parameters: Mapping[str, Any] | None = None
+) -> Observation:
     state = instance.get("DBInstanceStatus", "")
     endpoint = instance.get("Endpoint") or {}
     host, port = endpoint.get("Address", ""), str(endpoint.get("Port", ""))
@@ -263,7 +295,7 @@ def _observation(resource: Resource, instance: dict[str, Any]) -> Observation:
         deleting=state == "deleting",
         state=state,
         arn=arn,
-        diffs=_diffs(resource, instance),
+        diffs=_diffs(resource, instance) + rds_parameters.diffs(resource, parameters or {}),
         connection={
             "host": host,
             "port": port,
@@ -275,6 +307,7 @@ def _observation(resource: Resource, instance: dict[str, Any]) -> Observation:
         status={
             "endpoint": f"{host}:{port}" if host else "",
             "pendingChanges": _pending(instance),
+            **rds_parameters.status(resource, parameters or {}),
         },
         applying=_pending(instance),
         client_state={"instance": instance},
@@ -350,14 +383,19 @@ KIND = KindDescriptor(
         namespace, name, uid
     ),
     client=RdsClient,
-    list_resources=list_instances,
+    list_resources=lambda aws, region: itertools.chain(
+        list_instances(aws, region), rds_parameters.list_groups(aws, region)
+    ),
     error_codes=ErrorCodes(
-        not_found=frozenset(
-            {"DBInstanceNotFound", "DBInstanceNotFoundFault", "DBSnapshotNotFound"}
-        ),
-        conflict=frozenset({"DBInstanceAlreadyExists", "DBInstanceAlreadyExistsFault"}),
-        retryable=frozenset({"InvalidDBInstanceState", "InvalidDBInstanceStateFault"}),
+        not_found=frozenset({"DBInstanceNotFound", "DBInstanceNotFoundFault", "DBSnapshotNotFound"})
+        | rds_parameters.NOT_FOUND,
+        conflict=frozenset({"DBInstanceAlreadyExists", "DBInstanceAlreadyExistsFault"})
+        | rds_parameters.CONFLICT,
+        retryable=frozenset({"InvalidDBInstanceState", "InvalidDBInstanceStateFault"})
+        | rds_parameters.RETRYABLE,
     ),
     on_localstack=False,
     creating_states=frozenset({"", "creating"}),
+    recorded_status=rds_parameters.RECORDED,
+    requests={rds_parameters.REBOOT: rds_parameters.STATUS_REBOOT},
 )

@@ -7,7 +7,7 @@ from __future__ import annotations
 from provisioner.aws import errors
 from provisioner.crashpoints import crashpoint
 from provisioner.kinds import registry as kinds
-from provisioner.kinds.contract import ExternalClient
+from provisioner.kinds.contract import ExternalClient, LeftoverRemover
 from provisioner.kube.client import Kube
 from provisioner.model import annotations as annotation_keys
 from provisioner.model import conditions as cond
@@ -124,6 +124,10 @@ class Deletion:
         if obs.exists:
             message = f"deleting {name} ({obs.state or 'in progress'})"
             return _deleting(message, backoff(retry, WAIT_BASE, WAIT_CAP))
+        if isinstance(client, LeftoverRemover):
+            waiting = await self.workers.write(resource.uid, client.remove_leftovers, resource)
+            if waiting:
+                return _deleting(waiting, backoff(retry, WAIT_BASE, WAIT_CAP))
         await self.secret.delete(resource)
         done.events.append(Event("Normal", "Deleted", f"deleted {resource.kind} {name}"))
         return done

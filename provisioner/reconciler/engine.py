@@ -301,7 +301,7 @@ class Reconciler:
         if obs.exists and not ownership.is_ours(resource, obs):
             return ownership.name_conflict(resource, obs)
         if not obs.exists:
-            obs = await self.converge.create(p, client)
+            obs = await self.converge.create(p, client, obs)
             if not obs.exists:
                 return readiness.creating(p)
         if obs.diffs and obs.available:
