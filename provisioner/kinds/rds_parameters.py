@@ -250,13 +250,23 @@ def ensure_group(aws: Aws, rds: Any, resource: Resource, family_name: str) -> st
         return name
     except errors.ConflictError:
         pass
-    arn = aws.call(rds.describe_db_parameter_groups, DBParameterGroupName=name)[
-        "DBParameterGroups"
-    ][0]["DBParameterGroupArn"]
-    found = aws.call(rds.list_tags_for_resource, ResourceName=arn).get("TagList") or []
-    if owner_of({t["Key"]: t["Value"] for t in found}) != resource.uid:
+    if _owner(aws, rds, name) != resource.uid:
         raise errors.ConflictError(f"DB parameter group {name} exists and is not ours")
     return name
+
+
+def _owner(aws: Aws, rds: Any, name: str) -> str:
+    """The owner-uid tag of the group (""); NotFoundError when there is no such group (moto
+    answers an empty list where AWS says DBParameterGroupNotFound)."""
+    found = aws.call(rds.describe_db_parameter_groups, DBParameterGroupName=name)
+    groups = found.get("DBParameterGroups") or []
+    if not groups:
+        raise errors.NotFoundError(
+            f"DB parameter group {name} not found", "DBParameterGroupNotFound"
+        )
+    arn = groups[0]["DBParameterGroupArn"]
+    tags = aws.call(rds.list_tags_for_resource, ResourceName=arn).get("TagList") or []
+    return owner_of({t["Key"]: t["Value"] for t in tags})
 
 
 def write(
@@ -376,10 +386,7 @@ def remove_group(aws: Aws, rds: Any, resource: Resource) -> str:
         names.add(group_name(resource))
     for name in sorted(n for n in names if n):
         try:
-            found = aws.call(rds.describe_db_parameter_groups, DBParameterGroupName=name)
-            arn = found["DBParameterGroups"][0]["DBParameterGroupArn"]
-            tags = aws.call(rds.list_tags_for_resource, ResourceName=arn).get("TagList") or []
-            if owner_of({t["Key"]: t["Value"] for t in tags}) != resource.uid:
+            if _owner(aws, rds, name) != resource.uid:
                 continue  # not ours: left as it is
             aws.call(rds.delete_db_parameter_group, DBParameterGroupName=name)
         except errors.NotFoundError:
