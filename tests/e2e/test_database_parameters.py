@@ -251,6 +251,31 @@ def pending_reboot(kube, namespace: str, name: str) -> list[str] | None:
     return (cr.get("status") or {}).get("pendingReboot")
 
 
+def reboot(kube, cloud: Cloud, namespace: str, name: str, value: str) -> dict[str, Any]:
+    """Ask for a reboot; the cloud shows `rebooting`, then status.pendingReboot empties."""
+    ident = (get(kube, "dbi", namespace, name) or {})["status"]["externalName"]
+    kube.kubectl("annotate", "--overwrite", "dbi", name, "-n", namespace, f"{REBOOT}={value}")
+    wait_for(lambda: cloud.db_state(ident) == "rebooting", timeout=30, what="rebooting")
+    wait_for(
+        lambda: not pending_reboot(kube, namespace, name),
+        timeout=60,
+        what="status.pendingReboot emptied after the reboot",
+    )
+    return get(kube, "dbi", namespace, name) or {}
+
+
+def a_pass(kube, namespace: str, name: str, value: str) -> None:
+    """A reconcile request, and its pass done."""
+    request = f"{GROUP}/reconcile-requested-at={value}"
+    kube.kubectl("annotate", "--overwrite", "dbi", name, "-n", namespace, request)
+
+    def done() -> bool:
+        status = (get(kube, "dbi", namespace, name) or {}).get("status") or {}
+        return status.get("lastReconcileRequest") == value
+
+    wait_for(done, timeout=60, what=f"the pass asked with {value}")
+
+
 @pytest.mark.skipif(TEST_CLOUD != "moto", reason="the aws-like proxy stands in front of moto")
 def test_static_parameters_wait_for_the_reboot_asked_once_per_value(
     kube,
@@ -284,41 +309,14 @@ def test_static_parameters_wait_for_the_reboot_asked_once_per_value(
     assert cloud.operator_calls("rds.RebootDBInstance") == 0
 
     # The annotation asks for the reboot: `rebooting`, then nothing pending.
-    kube.kubectl("annotate", "dbi", "rebooted", "-n", own_namespace, f"{REBOOT}=t1")
-    wait_for(
-        lambda: cloud.db_state(ident) == "rebooting", timeout=30, what="the instance rebooting"
-    )
-    wait_for(
-        lambda: not pending_reboot(kube, own_namespace, "rebooted"),
-        timeout=60,
-        what="status.pendingReboot emptied after the reboot",
-    )
-    cr = get(kube, "dbi", own_namespace, "rebooted")
+    cr = reboot(kube, cloud, own_namespace, "rebooted", "t1")
     assert cr["status"]["lastRebootRequest"] == "t1"
     assert cloud.operator_calls("rds.RebootDBInstance") == 1
 
     # Not again for the same value, after a restart either.
     op.stop()
     start_operator(endpoint_url=cloud.proxy.url)
-    kube.kubectl(
-        "annotate",
-        "--overwrite",
-        "dbi",
-        "rebooted",
-        "-n",
-        own_namespace,
-        f"{GROUP}/reconcile-requested-at=after-restart",
-    )
-    wait_for(
-        lambda: (
-            (get(kube, "dbi", own_namespace, "rebooted") or {})
-            .get("status", {})
-            .get("lastReconcileRequest")
-            == "after-restart"
-        ),
-        timeout=60,
-        what="a pass after the restart",
-    )
+    a_pass(kube, own_namespace, "rebooted", "after-restart")
     assert cloud.operator_calls("rds.RebootDBInstance") == 1
 
     # A static parameter removed: reset to its default, at the next reboot.
@@ -328,12 +326,7 @@ def test_static_parameters_wait_for_the_reboot_asked_once_per_value(
     cr = wait_ready(kube, "dbi", own_namespace, "rebooted", generation=3, timeout=60)
     assert group_values(cloud.rds, group) == {"work_mem": "16384"}
     assert cr["status"]["pendingReboot"] == ["max_connections"]
-    kube.kubectl("annotate", "--overwrite", "dbi", "rebooted", "-n", own_namespace, f"{REBOOT}=t2")
-    wait_for(
-        lambda: not pending_reboot(kube, own_namespace, "rebooted"),
-        timeout=60,
-        what="status.pendingReboot emptied after the second reboot",
-    )
+    reboot(kube, cloud, own_namespace, "rebooted", "t2")
     assert cloud.operator_calls("rds.RebootDBInstance") == 2
 
     kube.kubectl("delete", "dbi", "rebooted", "-n", own_namespace, "--wait=false")
