@@ -355,10 +355,11 @@ def create_group(aws: Aws, rds: Any, resource: Resource) -> dict[str, str]:
 def apply(aws: Aws, rds: Any, resource: Resource, instance: Mapping[str, Any]) -> None:
     """The group made when missing, its parameters as the spec asks, then attached."""
     ours = group_name(resource)
-    ensure_group(aws, rds, resource, family(resource.spec.engine, instance["EngineVersion"]))
+    in_use = attached(instance)[0] == ours
+    if not in_use:  # (in use: it exists, and it is ours)
+        ensure_group(aws, rds, resource, family(resource.spec.engine, instance["EngineVersion"]))
     listing = user_parameters(aws, rds, ours, source=None)
     types = check_names(resource, listing)
-    in_use = attached(instance)[0] == ours
     write(aws, rds, resource, _values(listing), types if in_use else None)
     if not in_use:
         aws.call(
