@@ -197,6 +197,41 @@ def test_drift_is_only_reported_under_report_and_plan_only_lists_the_change(
     assert not group_exists(aws.rds, group)
 
 
+def test_adoption_gives_the_instance_its_group_with_no_drift_reported(
+    kube, operator, aws, namespace
+):
+    ident = f"legacy-{namespace}"
+    aws.rds.create_db_instance(
+        DBInstanceIdentifier=ident,
+        Engine="postgres",
+        EngineVersion="16.3",
+        DBInstanceClass="db.t3.micro",
+        AllocatedStorage=20,
+        MasterUsername="app",
+        MasterUserPassword="not-a-real-password-123",
+        Tags=[{"Key": "provisioner.dev/adoptable-by", "Value": namespace}],
+    )
+    manifest = database(
+        "legacy",
+        {"work_mem": "8192"},
+        annotations={f"{GROUP}/adopt": "true"},
+        engineVersion="16.3",
+        instanceIdentifier=ident,
+    )
+    apply(kube, namespace, manifest)
+    cr = wait_ready(kube, "dbi", namespace, "legacy", timeout=90)
+    group = cr["status"]["parameterGroup"]
+    attached = instance(aws.rds, ident)["DBParameterGroups"]
+    assert [g["DBParameterGroupName"] for g in attached] == [group]
+    assert group_values(aws.rds, group) == {"work_mem": "8192"}
+    assert events(kube, namespace, "legacy", "Adopted")
+    assert not events(kube, namespace, "legacy", "Drifted")
+    assert condition(cr, "Drifted") is None
+    kube.kubectl("delete", "dbi", "legacy", "-n", namespace, "--wait=false")
+    wait_gone(kube, "dbi", namespace, "legacy", timeout=90)
+    assert not group_exists(aws.rds, group)
+
+
 @pytest.mark.skipif(TEST_CLOUD != "moto", reason="crash points with moto")
 def test_killed_between_the_group_and_the_instance_leaves_no_duplicate_and_no_leak(
     kube, aws, own_namespace, start_operator
