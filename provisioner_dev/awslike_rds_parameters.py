@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from provisioner_dev.awslike_http import RDS_NS, Call, plain, request_id
+from provisioner_dev.awslike_http import RDS_NS, Answer, Call, plain, request_id
 
 POSTGRES = {
     "work_mem": ("4096", "dynamic"),
@@ -138,22 +138,7 @@ async def handle_parameters(model: Parameters, call: Call) -> web.StreamResponse
             return refused
     # moto answers for the group's existence (DBParameterGroupNotFound), and keeps it.
     if call.action == "ResetDBParameterGroup":
-        probe = urllib.parse.urlencode(
-            {
-                "Action": "DescribeDBParameterGroups",
-                "Version": "2014-10-31",
-                "DBParameterGroupName": name,
-            }
-        ).encode()
-        answer = await call.upstream.send(
-            "POST",
-            "/",
-            {
-                "Authorization": call.request.headers.get("Authorization", ""),
-                "Content-Type": "application/x-www-form-urlencoded",
-            },
-            probe,
-        )
+        answer = await _probe(call, name)
     else:
         answer = await call.forward()
     if answer.status != 200:
@@ -173,6 +158,18 @@ async def handle_parameters(model: Parameters, call: Call) -> web.StreamResponse
     if call.action == "ResetDBParameterGroup":
         return _reset(group, params, name, now)
     return _describe(group, params)
+
+
+async def _probe(call: Call, name: str) -> Answer:
+    """moto's DescribeDBParameters of the group: DBParameterGroupNotFound when it has none."""
+    body = urllib.parse.urlencode(
+        {"Action": "DescribeDBParameters", "Version": "2014-10-31", "DBParameterGroupName": name}
+    ).encode()
+    headers = {
+        "Authorization": call.request.headers.get("Authorization", ""),
+        "Content-Type": "application/x-www-form-urlencoded",
+    }
+    return await call.upstream.send("POST", "/", headers, body)
 
 
 def _refusal(
