@@ -27,6 +27,12 @@ from provisioner_dev.awslike_http import (
     request_id,
     xml_answer,
 )
+from provisioner_dev.awslike_rds_parameters import (
+    ACTIONS,
+    Parameters,
+    handle_parameters,
+    render_groups,
+)
 from provisioner_dev.cloudprofile import Profile
 
 
@@ -57,7 +63,7 @@ IMMEDIATE = {
     "AutoMinorVersionUpgrade": "AutoMinorVersionUpgrade",
 }
 SECURITY_GROUPS = "VpcSecurityGroupIds.VpcSecurityGroupId."
-BUSY = {"creating", "modifying", "resetting-master-credentials", "deleting"}
+BUSY = {"creating", "modifying", "resetting-master-credentials", "deleting", "rebooting"}
 
 
 def _current_value(element: ET.Element, tag: str) -> str | None:
@@ -121,6 +127,7 @@ class RdsModel:
         self.deleting: dict[tuple[str, str, str], DeletingDb] = {}
         self.snapshots: dict[tuple[str, str, str], tuple[float, float]] = {}
         self.durations = Durations(profile, rng)
+        self.parameters = Parameters()
 
     def draw(self, name: str) -> float:
         return self.durations.draw(name)
@@ -147,6 +154,14 @@ class RdsModel:
         self.instances[key] = DbInstance(
             create_done=create_done, backup_done=create_done + self.draw("rds.backup")
         )
+        self.parameters.booted(key, create_done)
+
+    def rebooted(self, key: tuple[str, str, str], now: float) -> None:
+        """`rebooting`, then `available` with static parameters applied."""
+        until = now + self.draw("rds.reboot")
+        db = self.instances.setdefault(key, DbInstance())
+        db.modification = Modification(until=until, status="rebooting", old={}, pending={})
+        self.parameters.booted(key, until)
 
     def storage_locked(self, key: tuple[str, str, str], now: float) -> bool:
         db = self.instances.get(key)
@@ -202,6 +217,7 @@ class RdsModel:
         if status is None or status.text != "available":
             return  # moto's own states (stopped, deleting) are shown as they are
         key = (account, region, ident)
+        render_groups(self.parameters, element, account, region)
         phase = self.phase(key, now)
         status.text = phase
         if phase == "creating":
@@ -250,11 +266,14 @@ RENDERED = (
     "DescribeDBInstances",
     "DescribeDBSnapshots",
     "CreateDBSnapshot",
+    "RebootDBInstance",
 )
 
 
 async def handle_rds(rds: RdsModel, call: Call) -> web.StreamResponse:
     """An RDS query-API call, answered as AWS would answer it now."""
+    if call.action in ACTIONS:
+        return await handle_parameters(rds.parameters, call)
     text = call.body.decode(errors="replace")
     params = {k: v[0] for k, v in urllib.parse.parse_qs(text).items()}
     ident = params.get("DBInstanceIdentifier", "")
@@ -318,7 +337,7 @@ def _busy_refusal(
             "DBInstanceAlreadyExists",
             "DB instance already exists",
         )
-    if call.action == "ModifyDBInstance" and rds.phase(key, now) in BUSY:
+    if call.action in ("ModifyDBInstance", "RebootDBInstance") and rds.phase(key, now) in BUSY:
         return call.refuse(
             "rds",
             call.action,
@@ -384,6 +403,10 @@ def _record(
         rds.created(key, now)
     elif call.action == "ModifyDBInstance" and before is not None:
         rds.modified(key, params, before, now)
+        if "DBParameterGroupName" in params:
+            rds.parameters.attached(key, now)
+    elif call.action == "RebootDBInstance":
+        rds.rebooted(key, now)
     elif call.action == "DeleteDBInstance" and before is not None:
         skip = params.get("SkipFinalSnapshot", "false").lower() == "true"
         snapshot = None if skip else params.get("FinalDBSnapshotIdentifier")

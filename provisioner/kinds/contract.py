@@ -118,12 +118,14 @@ class PasswordClient(Protocol):
 @runtime_checkable
 class LeftoverRemover(Protocol):
     """The capability of kinds that make cloud resources for one resource alone that can go
-    only after it (an RDS instance's DB subnet group), recorded in status
-    (`KindDescriptor.recorded_status`) before they are made."""
+    only after it (RDS: the instance's DB subnet group and DB parameter group, which AWS lets
+    go only once no instance uses them), recorded in status (`KindDescriptor.recorded_status`)
+    before they are made."""
 
-    def remove_leftovers(self, resource: Resource, observation: Observation) -> None:
+    def remove_leftovers(self, resource: Resource, observation: Observation) -> str:
         """Once the cloud says the resource is gone (`observation`, exists=False, carries
-        what is recorded): delete those that are still there and its own. Idempotent."""
+        what is recorded): delete those that are still there. Idempotent. Returns "" when
+        nothing is left, else why the deletion still waits."""
 
 
 @runtime_checkable
@@ -227,6 +229,11 @@ class KindDescriptor:
     # The reconciler writes them to status right before those calls whenever they differ
     # from it, so that a crash during a call leaves the record for the next pass to find.
     recorded_status: tuple[str, ...] = ()
+    # Diffs that an annotation asks for (RDS `reboot`: reboot-requested-at), by FieldDiff
+    # field, with the status field that records the value handled. They are requested changes
+    # whatever the drift policy, done once per value: the reconciler records the value right
+    # after the client's update call has done it.
+    requests: Mapping[str, str] = field(default_factory=dict)
 
 
 def levels(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -11,7 +12,7 @@ from typing import Any
 from provisioner.aws import errors
 from provisioner.aws.errors import ErrorCodes
 from provisioner.aws.session import Aws
-from provisioner.kinds import rds_network, rds_settings
+from provisioner.kinds import rds_network, rds_parameters, rds_settings
 from provisioner.kinds.contract import (
     FieldDiff,
     KindDescriptor,
@@ -51,6 +52,8 @@ class DatabaseSpec:
     backup_window: str | None = None
     auto_minor_version_upgrade: bool | None = None
     allow_major_version_upgrade: bool = False
+    # spec.parameters (provisioner/kinds/rds_parameters.py); None: the engine's defaults.
+    parameters: tuple[tuple[str, str], ...] | None = None
 
     @classmethod
     def parse(cls, spec: Mapping[str, Any]) -> DatabaseSpec:
@@ -75,6 +78,7 @@ class DatabaseSpec:
             backup_window=spec.get("backupWindow") or None,
             auto_minor_version_upgrade=spec.get("autoMinorVersionUpgrade"),
             allow_major_version_upgrade=bool(spec.get("allowMajorVersionUpgrade", False)),
+            parameters=rds_parameters.parse(spec),
         )
 
 
@@ -133,11 +137,19 @@ class RdsClient:
                 rds.describe_db_instances, DBInstanceIdentifier=resource.external_name
             )
         except errors.NotFoundError:
-            # What was recorded, or is about to be made, beyond the instance (its subnet group).
+            # What was recorded, or is about to be made, beyond the instance (its subnet group
+            # and parameter group).
             return Observation(
-                exists=False, status={rds_network.RECORD: rds_network.recorded(resource, None)}
+                exists=False,
+                status={
+                    rds_network.RECORD: rds_network.recorded(resource, None),
+                    **rds_parameters.absent_status(resource),
+                },
             )
-        return _observation(resource, found["DBInstances"][0])
+        instance = found["DBInstances"][0]
+        return _observation(
+            resource, instance, rds_parameters.read(self.aws, rds, resource, instance)
+        )
 
     def describe_many(
         self, region: str, names: Sequence[str], account: AccountRef | None = None
@@ -154,14 +166,17 @@ class RdsClient:
                     rds.describe_db_instances, Filters=chosen, MaxRecords=DESCRIBE_PAGE, **marker
                 )
                 for instance in page.get("DBInstances", []):
-                    found[instance["DBInstanceIdentifier"]] = instance
+                    if rds_parameters.batchable(instance):  # else: its own look
+                        found[instance["DBInstanceIdentifier"]] = instance
                 if not page.get("Marker"):
                     break
                 marker = {"Marker": page["Marker"]}
         return found
 
     def observed(self, resource: Resource, described: Any) -> Observation:
-        return _observation(resource, described)
+        return _observation(
+            resource, described, rds_parameters.read(None, None, resource, described)
+        )
 
     def create(self, resource: Resource, secrets: dict[str, str]) -> Observation:
         spec = resource.spec
@@ -180,8 +195,10 @@ class RdsClient:
             "PreferredBackupWindow": spec.backup_window,
             "AutoMinorVersionUpgrade": spec.auto_minor_version_upgrade,
         }
+        rds = self._rds(resource)
+        optional.update(rds_parameters.create_group(self.aws, rds, resource))
         created = self.aws.call(
-            self._rds(resource).create_db_instance,
+            rds.create_db_instance,
             DBInstanceIdentifier=resource.external_name,
             Engine=spec.engine,
             DBInstanceClass=spec.instance_class,
@@ -200,7 +217,7 @@ class RdsClient:
         created.setdefault(
             "TagList", [{"Key": k, "Value": v} for k, v in resource.desired_tags.items()]
         )
-        return _observation(resource, created)
+        return rds_parameters.after_create(resource, _observation(resource, created))
 
     def update(self, resource: Resource, observation: Observation, diffs: list[FieldDiff]) -> None:
         instance = observation.client_state["instance"]
@@ -215,8 +232,19 @@ class RdsClient:
                 self.aws.call(rds.add_tags_to_resource, ResourceName=arn, Tags=pairs)
             if to_remove:
                 self.aws.call(rds.remove_tags_from_resource, ResourceName=arn, TagKeys=to_remove)
-        if not changes:
-            return
+        parameters = changes.pop(rds_parameters.FIELD, None)
+        reboot = changes.pop(rds_parameters.REBOOT, None)
+        if parameters is not None:
+            rds_parameters.apply(self.aws, rds, resource, instance)
+        if changes:
+            self._modify(resource, instance, changes)
+        if reboot is not None:
+            rds_parameters.reboot(self.aws, rds, resource, instance)
+
+    def _modify(
+        self, resource: Resource, instance: dict[str, Any], changes: dict[str, FieldDiff]
+    ) -> None:
+        rds = self._rds(resource)
         spec = resource.spec
         versions = rds_settings.version_params(
             spec.engine, spec.allow_major_version_upgrade, changes.get("spec.engineVersion")
@@ -281,10 +309,14 @@ class RdsClient:
         except errors.NotFoundError:
             return
 
-    def remove_leftovers(self, resource: Resource, observation: Observation) -> None:
-        """Once the instance is gone: its operator-made DB subnet group."""
+    def remove_leftovers(self, resource: Resource, observation: Observation) -> str:
+        """Once the instance is gone: its operator-made DB subnet group and parameter group
+        ("" when both are gone, else why the deletion still waits)."""
         if name := observation.status.get(rds_network.RECORD):
             rds_network.Network(self.aws, resource).delete_subnet_group(name)
+        if not rds_parameters.wanted(resource):
+            return ""
+        return rds_parameters.remove_group(self.aws, self._rds(resource), resource)
 
     def with_password(self, connection: dict[str, str], password: str) -> dict[str, str]:
         """The connection Secret's values: the cloud's details plus password and URI."""
@@ -307,7 +339,9 @@ class RdsClient:
         )
 
 
-def _observation(resource: Resource, instance: dict[str, Any]) -> Observation:
+def _observation(
+    resource: Resource, instance: dict[str, Any], parameters: Mapping[str, Any] | None = None
+) -> Observation:
     state = instance.get("DBInstanceStatus", "")
     endpoint = instance.get("Endpoint") or {}
     host, port = endpoint.get("Address", ""), str(endpoint.get("Port", ""))
@@ -320,7 +354,7 @@ def _observation(resource: Resource, instance: dict[str, Any]) -> Observation:
         deleting=state == "deleting",
         state=state,
         arn=arn,
-        diffs=_diffs(resource, instance),
+        diffs=_diffs(resource, instance) + rds_parameters.diffs(resource, parameters or {}),
         connection={
             "host": host,
             "port": port,
@@ -334,6 +368,7 @@ def _observation(resource: Resource, instance: dict[str, Any]) -> Observation:
             "pendingChanges": _pending(instance),
             rds_network.RECORD: rds_network.recorded(resource, instance),
             **rds_settings.encryption_status(instance),
+            **rds_parameters.status(resource, parameters or {}),
         },
         applying=_pending(instance),
         client_state={"instance": instance},
@@ -401,7 +436,9 @@ KIND = KindDescriptor(
         namespace, name, uid
     ),
     client=RdsClient,
-    list_resources=list_instances,
+    list_resources=lambda aws, region: itertools.chain(
+        list_instances(aws, region), rds_parameters.list_groups(aws, region)
+    ),
     error_codes=ErrorCodes(
         not_found=frozenset(
             {
@@ -410,7 +447,8 @@ KIND = KindDescriptor(
                 "DBSnapshotNotFound",
                 "DBSubnetGroupNotFoundFault",
             }
-        ),
+        )
+        | rds_parameters.NOT_FOUND,
         conflict=frozenset(
             {
                 "DBInstanceAlreadyExists",
@@ -418,10 +456,13 @@ KIND = KindDescriptor(
                 "DBSubnetGroupAlreadyExists",
                 "DBSubnetGroupAlreadyExistsFault",
             }
-        ),
-        retryable=frozenset({"InvalidDBInstanceState", "InvalidDBInstanceStateFault"}),
+        )
+        | rds_parameters.CONFLICT,
+        retryable=frozenset({"InvalidDBInstanceState", "InvalidDBInstanceStateFault"})
+        | rds_parameters.RETRYABLE,
     ),
     on_localstack=False,
     creating_states=frozenset({"", "creating"}),
-    recorded_status=(rds_network.RECORD,),
+    recorded_status=(rds_network.RECORD, *rds_parameters.RECORDED),
+    requests={rds_parameters.REBOOT: rds_parameters.STATUS_REBOOT},
 )

@@ -14,6 +14,8 @@ DRIFT_POLICY = f"{GROUP}/drift-policy"
 ADOPT = f"{GROUP}/adopt"
 # Any new value: set a new database master password, then update the Secret.
 ROTATE_PASSWORD_AT = f"{GROUP}/rotate-password-at"
+# Any new value: reboot the DB instance (static parameters wait for it), once per value.
+REBOOT_REQUESTED_AT = f"{GROUP}/reboot-requested-at"
 # "true": observe the cloud and write status.plan (what a pass would do); no cloud write.
 PLAN_ONLY = f"{GROUP}/plan-only"
 # Set by the API server (the chart's admission policy) at creation: who asked for it.

@@ -53,3 +53,13 @@ def db_instance_identifier(namespace: str, name: str, uid: str) -> str:
     if not base or not base[0].isalpha():
         base = f"d-{base}".rstrip("-")
     return _join(base, uid_hash(uid), 63)
+
+
+def db_parameter_group_name(namespace: str, name: str, uid: str) -> str:
+    """A valid DB parameter group name: 1-255 of [a-z0-9-], letter first, no '--', no
+    trailing '-' (https://docs.aws.amazon.com/AmazonRDS/latest/APIReference/
+    API_CreateDBParameterGroup.html); AWS keeps it in lowercase."""
+    base = _squash(f"{namespace}-{name}", "a-z0-9")
+    if not base or not base[0].isalpha():
+        base = f"p-{base}".rstrip("-")
+    return _join(f"{base}-params", uid_hash(uid), 255)

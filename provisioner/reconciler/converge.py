@@ -113,14 +113,21 @@ class Converge:
             # Taking over: the spec wins on every field, and that is no drift.
             p.event("Normal", "Adopted", f"took over existing {resource.external_name}")
             requested = EVERYTHING_REQUESTED
-        changes = [d for d in obs.diffs if requested.covers(d.field)]
-        drift = [d for d in obs.diffs if not requested.covers(d.field)]
+        asked = p.kind.requests
+        changes = [d for d in obs.diffs if requested.covers(d.field) or d.field in asked]
+        drift = [d for d in obs.diffs if not (requested.covers(d.field) or d.field in asked)]
         to_write = changes if resource.drift_report_only else changes + drift
         self._report_drift(p, drift)
         if not to_write:
             return obs
         await record(self.kube, self.workers, resource, obs, p.kind.recorded_status)
         await self.workers.write(resource.uid, client.update, resource, obs, to_write)
+        handled = {asked[d.field]: d.desired for d in to_write if d.field in asked}
+        if handled:  # done: not again for this value, even after a restart
+            await self.workers.in_thread(
+                self.kube.patch_status, resource.kind, resource.namespace, resource.name, handled
+            )
+            resource.status.update(handled)
         self.observer.remember_writes(resource, to_write, p.kind.settle_seconds)
         if changes:
             updated = ", ".join(d.field for d in changes)

@@ -127,7 +127,9 @@ class Deletion:
             message = f"deleting {name} ({obs.state or 'in progress'})"
             return _deleting(message, backoff(retry, WAIT_BASE, WAIT_CAP))
         if isinstance(client, LeftoverRemover):
-            await self.workers.write(resource.uid, client.remove_leftovers, resource, obs)
+            waiting = await self.workers.write(resource.uid, client.remove_leftovers, resource, obs)
+            if waiting:
+                return _deleting(waiting, backoff(retry, WAIT_BASE, WAIT_CAP))
         await self.secret.delete(resource)
         done.events.append(Event("Normal", "Deleted", f"deleted {resource.kind} {name}"))
         return done
