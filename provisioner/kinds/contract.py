@@ -216,6 +216,8 @@ class KindDescriptor:
     # The reconciler writes them to status right before those calls whenever they differ
     # from it, so that a crash during a call leaves the record for the next pass to find.
     recorded_status: tuple[str, ...] = ()
+    # What plan-only adds to a create's description (a restore's source, a replica's): ", ...".
+    describe_create: Callable[[Resource], str] = lambda resource: ""
 
 
 def levels(

@@ -10,6 +10,7 @@ from typing import Any
 from provisioner.aws import errors
 from provisioner.aws.errors import ErrorCodes
 from provisioner.aws.session import Aws
+from provisioner.kinds import rds_sources
 from provisioner.kinds.contract import (
     FieldDiff,
     KindDescriptor,
@@ -40,6 +41,8 @@ class DatabaseSpec:
     publicly_accessible: bool = False
     backup_retention_days: int = 7
     instance_identifier: str | None = None
+    restore_from: rds_sources.RestoreFrom | None = None
+    replica_of: str = ""
 
     @classmethod
     def parse(cls, spec: Mapping[str, Any]) -> DatabaseSpec:
@@ -57,6 +60,8 @@ class DatabaseSpec:
             multi_az=bool(spec.get("multiAZ", False)),
             publicly_accessible=bool(spec.get("publiclyAccessible", False)),
             backup_retention_days=int(spec.get("backupRetentionDays", 7)),
+            restore_from=rds_sources.RestoreFrom.parse(spec.get("restoreFrom")),
+            replica_of=rds_sources.replica_of(spec),
         )
 
 
@@ -144,6 +149,12 @@ class RdsClient:
             "StorageType": spec.storage_type,
             "Iops": spec.iops,
         }
+        if spec.restore_from is not None or spec.replica_of:
+            # Made from another's data, with its master password: none is set here, the
+            # connection Secret stage sets a new one (or, for a replica, takes the source's).
+            secrets.pop("password", None)
+            made = rds_sources.Sources(self.aws, self._rds(resource)).made_from(resource, optional)
+            return _observation(resource, made)
         created = self.aws.call(
             self._rds(resource).create_db_instance,
             DBInstanceIdentifier=resource.external_name,
@@ -155,6 +166,7 @@ class RdsClient:
             MultiAZ=spec.multi_az,
             PubliclyAccessible=spec.publicly_accessible,
             BackupRetentionPeriod=spec.backup_retention_days,
+            CopyTagsToSnapshot=True,  # final snapshots carry the ownership tags
             Tags=[{"Key": k, "Value": v} for k, v in resource.desired_tags.items()],
             **{k: v for k, v in optional.items() if v is not None},
         )["DBInstance"]
@@ -189,6 +201,8 @@ class RdsClient:
             raise errors.RetryableError(
                 f"instance is {state}; will retry", "InvalidDBInstanceState"
             )
+        if rds_sources.promoted(self.aws, rds, resource, instance, changes):
+            return
         params = {MODIFY_PARAM[field]: diff.desired for field, diff in changes.items()}
         version = changes.get("spec.engineVersion")
         if version is not None and _is_major_upgrade(resource.spec.engine, version):
@@ -214,7 +228,9 @@ class RdsClient:
         if observation.deleting or resource.deletion_policy == "Retain":
             return
         name = resource.external_name
-        if resource.deletion_policy == "Snapshot":
+        instance = observation.client_state["instance"]
+        rds_sources.Sources(self.aws, self._rds(resource)).hold_for_replicas(instance)
+        if resource.deletion_policy == "Snapshot" and not rds_sources.is_replica(instance):
             # SkipFinalSnapshot=False is AWS's default; moto needs it spelled out.
             final = {
                 "FinalDBSnapshotIdentifier": f"{name}-final-{int(time.time())}",
@@ -275,6 +291,7 @@ def _observation(resource: Resource, instance: dict[str, Any]) -> Observation:
         status={
             "endpoint": f"{host}:{port}" if host else "",
             "pendingChanges": _pending(instance),
+            **rds_sources.status(instance),
         },
         applying=_pending(instance),
         client_state={"instance": instance},
@@ -316,7 +333,9 @@ def _diffs(resource: Resource, instance: dict[str, Any]) -> list[FieldDiff]:
         if desired is None or observed is None or _same(field, observed, desired):
             continue
         diffs.append(FieldDiff(field, observed, desired))
-    return diffs + tag_diffs(_tags(instance), resource.desired_tags)
+    desired_tags = resource.desired_tags | rds_sources.kept_tags(instance)
+    diffs += rds_sources.diffs(resource, instance)
+    return diffs + tag_diffs(_tags(instance), desired_tags)
 
 
 def _is_major_upgrade(engine: str, version: FieldDiff) -> bool:
@@ -350,6 +369,8 @@ KIND = KindDescriptor(
         namespace, name, uid
     ),
     client=RdsClient,
+    dependencies=rds_sources.dependencies,
+    describe_create=rds_sources.planned_create,
     list_resources=list_instances,
     error_codes=ErrorCodes(
         not_found=frozenset(
