@@ -5,10 +5,12 @@ read replicas and their promotion, the rules the API server enforces, and a cras
 from __future__ import annotations
 
 import json
+import time
 import uuid
 
 import pytest
 
+from tests.e2e.test_awslike import RDS_SCALE, aws_like, external_name, ready  # noqa: F401
 from tests.e2e.test_day2 import last_password_sent
 from tests.helpers import (
     apply,
@@ -335,3 +337,84 @@ def test_sources_cannot_be_added_or_changed_later(kube, namespace, before, after
     paused = '    cloud.provisioner.dev/paused: "true"\n'
     apply(kube, namespace, db("fixed", before, paused))
     assert_refused(try_apply(kube, namespace, db("fixed", after, paused)), message)
+
+
+# ---------------------------------------------------------------------------------------------
+# The slow paths under the aws-like profile: a replica `creating`, its promotion `modifying`,
+# a restore `creating` then its password reset, each waited for with the finalizer and Secret
+# following the cloud.
+
+
+def looks_until_ready(kube, cloud, namespace: str, name: str, timeout: float = 120) -> list:
+    """(Ready status, Ready reason, cloud state) at each look until the resource is Ready."""
+    ident = external_name(kube, "dbi", namespace, name)
+    seen = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        cr = get(kube, "dbi", namespace, name) or {}
+        status, reason, _ = ready(cr)
+        seen.append((status, reason, cloud.db_state(ident)))
+        observed = (cr.get("status") or {}).get("observedGeneration")
+        if status == "True" and observed == cr.get("metadata", {}).get("generation"):
+            return seen
+    raise AssertionError(f"{name} never went Ready; last seen {seen[-3:]}")
+
+
+def test_replica_promotion_and_restore_follow_the_clouds_states(
+    kube,
+    aws_like,  # noqa: F811 - the fixture, imported from test_awslike
+    own_namespace,
+    start_operator,
+):
+    # At 60: 2 min creating, 1 min backing up, 10 min a replica or a restore, 5 min promoting.
+    cloud = aws_like(
+        RDS_SCALE,
+        rds_create=120,
+        rds_backup=60,
+        rds_replica=600,
+        rds_restore=600,
+        rds_promote=300,
+        rds_snapshot=60,
+        rds_delete=60,
+    )
+    start_operator(endpoint_url=cloud.proxy.url)
+    apply(kube, own_namespace, db("base").replace("Delete", "Snapshot"))
+    wait_ready(kube, "dbi", own_namespace, "base", timeout=120)
+    apply(kube, own_namespace, db("copy", "  replicaOf: {name: base}\n"))
+    seen = looks_until_ready(kube, cloud, own_namespace, "copy")
+    assert ("False", "Creating", "creating") in seen, seen
+    assert cloud.operator_calls("rds.CreateDBInstanceReadReplica") == 1
+    base_password = secret_data(kube, own_namespace, "base-connection")["password"]
+    assert secret_data(kube, own_namespace, "copy-connection")["password"] == base_password
+
+    merge_patch(kube, "dbi", own_namespace, "copy", '{"spec":{"replicaOf":null}}')
+    seen = looks_until_ready(kube, cloud, own_namespace, "copy")
+    assert any(state == "modifying" for *_, state in seen), seen
+    assert cloud.operator_calls("rds.PromoteReadReplica") == 1
+    copy = get(kube, "dbi", own_namespace, "copy")
+    assert "replicaOf" not in copy["status"]
+    # Usable while `modifying`; once promoted, the cloud names no source any more.
+    promoted = wait_for(
+        lambda: (
+            (o := cloud.db(copy["status"]["externalName"]))
+            and o["DBInstanceStatus"] == "available"
+            and o
+        ),
+        timeout=60,
+        what="the promotion to finish in the cloud",
+    )
+    assert "ReadReplicaSourceDBInstanceIdentifier" not in promoted
+
+    kube.kubectl("delete", "dbi", "base", "-n", own_namespace, "--wait=false")
+    wait_gone(kube, "dbi", own_namespace, "base", timeout=120)
+    apply(kube, own_namespace, db("back", "  restoreFrom: {finalSnapshotOf: {name: base}}\n"))
+    seen = looks_until_ready(kube, cloud, own_namespace, "back")
+    assert ("False", "Creating", "creating") in seen, seen
+    assert cloud.operator_calls("rds.RestoreDBInstanceFromDBSnapshot") == 1
+    ident = get(kube, "dbi", own_namespace, "back")["status"]["externalName"]
+    password = secret_data(kube, own_namespace, "back-connection")["password"]
+    assert password != base_password
+    assert last_password_sent(kube, ident) == password
+    kube.kubectl("delete", "dbi", "back", "copy", "-n", own_namespace, "--wait=false")
+    wait_gone(kube, "dbi", own_namespace, "back", timeout=120)
+    wait_gone(kube, "dbi", own_namespace, "copy", timeout=120)
