@@ -291,7 +291,7 @@ def _observation(resource: Resource, instance: dict[str, Any]) -> Observation:
         status={
             "endpoint": f"{host}:{port}" if host else "",
             "pendingChanges": _pending(instance),
-            **rds_sources.status(instance),
+            **rds_sources.status(resource, instance),
         },
         applying=_pending(instance),
         client_state={"instance": instance},

@@ -370,8 +370,9 @@ def kept_tags(instance: Mapping[str, Any]) -> dict[str, str]:
     return {k: tags[k] for k in KEPT_TAGS if k in tags}
 
 
-def status(instance: Mapping[str, Any]) -> dict[str, Any]:
-    """status.restoredFrom and status.replicaOf, from the instance's tags and RDS's word."""
+def status(resource: Resource, instance: Mapping[str, Any]) -> dict[str, Any]:
+    """status.restoredFrom and status.replicaOf, from the instance's tags and RDS's word; each
+    left out when it has no value and status has none (None removes one status has)."""
     restored = _tags(instance).get(RESTORED_FROM_TAG, "")
     fields = dict(part.split("=", 1) for part in restored.split() if "=" in part)
     names = {
@@ -381,12 +382,12 @@ def status(instance: Mapping[str, Any]) -> dict[str, Any]:
         "instance": "sourceInstanceIdentifier",
         "time": "time",
     }
-    return {
+    source = instance.get("ReadReplicaSourceDBInstanceIdentifier")
+    found = {
         "restoredFrom": {names[k]: v for k, v in fields.items() if k in names} or None,
-        "replicaOf": str(instance["ReadReplicaSourceDBInstanceIdentifier"])
-        if is_replica(instance)
-        else None,
+        "replicaOf": str(source) if is_replica(instance) else None,
     }
+    return {k: v for k, v in found.items() if v is not None or k in resource.status}
 
 
 def diffs(resource: Resource, instance: Mapping[str, Any]) -> list[FieldDiff]:

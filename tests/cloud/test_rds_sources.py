@@ -174,8 +174,8 @@ def test_replica_is_created_promoted_and_holds_its_source(aws, rds, make_resourc
     diffs = [d for d in obs.diffs if d.field == "spec.replicaOf"]
     assert diffs and diffs[0].observed == source.external_name and diffs[0].desired is None
     rds.update(standalone, obs, obs.diffs)
-    obs = rds.observe(standalone)
-    assert obs.status["replicaOf"] is None
+    obs = rds.observe(dataclasses.replace(standalone, status={"replicaOf": source.external_name}))
+    assert obs.status["replicaOf"] is None  # removed from status
     assert [d.field for d in obs.diffs] == []
     rds.delete(source, rds.observe(source))  # no longer held
     rds.delete(standalone, obs)

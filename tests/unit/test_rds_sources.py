@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -119,18 +120,20 @@ def test_only_the_namespaces_own_or_offered_snapshots_may_be_restored(tags, allo
     ],
 )
 def test_status_shows_what_the_restore_recorded(tag, shown):
-    status = rds_sources.status(instance({rds_sources.RESTORED_FROM_TAG: tag}))
-    assert status == {"restoredFrom": shown, "replicaOf": None}
+    status = rds_sources.status(db(), instance({rds_sources.RESTORED_FROM_TAG: tag}))
+    assert status == {"restoredFrom": shown}
 
 
-def test_status_of_an_instance_made_empty_removes_both_fields():
-    assert rds_sources.status(instance(OURS)) == {"restoredFrom": None, "replicaOf": None}
+def test_status_of_an_instance_made_empty_has_neither_field_and_removes_them():
+    assert rds_sources.status(db(), instance(OURS)) == {}
+    was_replica = dataclasses.replace(db(), status={"replicaOf": SOURCE})
+    assert rds_sources.status(was_replica, instance(OURS)) == {"replicaOf": None}
 
 
 def test_a_replica_is_one_the_operator_made_and_has_not_promoted():
     made = instance({rds_sources.REPLICA_OF_TAG: SOURCE}, source=SOURCE)
     assert rds_sources.is_replica(made)
-    assert rds_sources.status(made)["replicaOf"] == SOURCE
+    assert rds_sources.status(db(), made)["replicaOf"] == SOURCE
     # moto keeps naming the source after a promotion; the tag goes with it.
     assert not rds_sources.is_replica(instance({}, source=SOURCE))
     assert not rds_sources.is_replica(instance({rds_sources.REPLICA_OF_TAG: SOURCE}))
