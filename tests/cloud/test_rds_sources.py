@@ -179,3 +179,19 @@ def test_replica_is_created_promoted_and_holds_its_source(aws, rds, make_resourc
     assert [d.field for d in obs.diffs] == []
     rds.delete(source, rds.observe(source))  # no longer held
     rds.delete(standalone, obs)
+
+
+def test_a_replica_is_deleted_without_a_final_snapshot_whatever_its_policy(aws, rds, make_resource):
+    source = make_resource("DatabaseInstance", SPEC, name="primary")
+    rds.create(source, {"password": "old-password-0123456789"})
+    replica = make_resource("DatabaseInstance", {**SPEC, "replicaOf": {"name": "primary"}})
+    assert replica.deletion_policy == "Snapshot"
+    arn = rds.observe(source).arn
+    replica = dataclasses.replace(replica, resolved={rds_sources.REPLICA_SOURCE: arn})
+    rds.create(replica, {"password": "x" * 24})
+    rds.delete(replica, rds.observe(replica))  # RDS takes no final snapshot of a replica
+    assert not rds.observe(replica).exists
+    client = aws.client("rds")
+    taken = client.describe_db_snapshots(DBInstanceIdentifier=replica.external_name)
+    assert taken["DBSnapshots"] == []
+    rds.delete(source, rds.observe(source))  # nothing holds the source any more
