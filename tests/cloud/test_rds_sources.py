@@ -195,3 +195,15 @@ def test_a_replica_is_deleted_without_a_final_snapshot_whatever_its_policy(aws, 
     taken = client.describe_db_snapshots(DBInstanceIdentifier=replica.external_name)
     assert taken["DBSnapshots"] == []
     rds.delete(source, rds.observe(source))  # nothing holds the source any more
+
+
+def test_point_in_time_restores_to_a_given_time(aws, rds, make_resource):
+    source = make_resource("DatabaseInstance", SPEC, name="live")
+    rds.create(source, {"password": "old-password-0123456789"})
+    when = "2026-01-02T03:04:05Z"
+    pit = {"pointInTime": {"sourceRef": {"name": "live"}, "time": when}}
+    clone = make_resource("DatabaseInstance", {**SPEC, "restoreFrom": pit}, name="at-time")
+    resolved = {rds_sources.RESTORE_SOURCE: rds.observe(source).arn}
+    obs = rds.create(dataclasses.replace(clone, resolved=resolved), {"password": "x" * 24})
+    assert obs.status["restoredFrom"]["time"] == when
+    assert rds.observe(clone).exists
