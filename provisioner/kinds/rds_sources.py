@@ -192,13 +192,13 @@ class Sources:
         except errors.NotFoundError:
             found = {}
         snapshots = found.get("DBSnapshots") or []
-        if not snapshots:
-            raise errors.TerminalError(f"snapshot {name} not found", "DBSnapshotNotFound")
-        if not belongs(self.snapshot_tags(snapshots[0]), resource):
+        # One answer for a foreign snapshot and a missing one: a tenant learns nothing of
+        # other namespaces' snapshots, not even that they exist.
+        if not snapshots or not belongs(self.snapshot_tags(snapshots[0]), resource):
             raise errors.TerminalError(
-                f"snapshot {name} is not this namespace's: only snapshots the operator took "
-                f"of an instance of namespace {resource.namespace}, or tagged "
-                f"{ADOPTABLE_BY_TAG}={resource.namespace}, can be restored",
+                f"snapshot {name} is not this namespace's or does not exist: only snapshots "
+                f"the operator took of an instance of namespace {resource.namespace}, or "
+                f"tagged {ADOPTABLE_BY_TAG}={resource.namespace}, can be restored",
                 "SnapshotNotAllowed",
             )
         return _usable(snapshots[0], resource)

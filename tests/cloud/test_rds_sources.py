@@ -119,7 +119,7 @@ def test_a_snapshot_offered_to_the_namespace_is_restored(aws, rds, make_resource
 def test_a_missing_snapshot_is_refused_naming_it(rds, make_resource):
     spec = {**SPEC, "restoreFrom": {"snapshotIdentifier": "no-such-snapshot"}}
     restored = make_resource("DatabaseInstance", spec, name="nothing")
-    with pytest.raises(errors.TerminalError, match="snapshot no-such-snapshot not found"):
+    with pytest.raises(errors.TerminalError, match="no-such-snapshot is not this namespace's or"):
         rds.create(restored, {"password": "x" * 24})
 
 
