@@ -53,6 +53,15 @@ class ConnectionSecret:
                 else None
             )
             shared = await self._source_password(resource)
+            if shared and resource.rotation_pending:
+                p.event(
+                    "Warning",
+                    "RotationIgnored",
+                    "a read replica has its source's password: rotate the source's instead",
+                )
+                p.fields["lastPasswordRotation"] = resource.annotation(
+                    annotation_keys.ROTATE_PASSWORD_AT
+                )
             password = shared or await self._password(p, client, stored)
             data = client.with_password(data, password)
         if resource.secret_keys:

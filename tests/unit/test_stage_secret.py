@@ -320,3 +320,15 @@ def test_a_replica_waits_for_its_sources_secret(world):
         world.write(r)
     assert world.stored() is None
     assert [c.method for c in world.db.calls if c.method == "set_password"] == []
+
+
+def test_a_rotation_asked_of_a_replica_is_answered_and_sets_nothing(world):
+    source_database(world, SEEDED)
+    asked = {annotation_keys.ROTATE_PASSWORD_AT: "r1"}
+    r = resource("DatabaseInstance", {"replicaOf": {"name": "primary"}}, annotations=asked)
+    world.db.seed(r)
+    p = world.write(r)
+    assert world.data()["password"] == SEEDED
+    assert [c.method for c in world.db.calls if c.method == "set_password"] == []
+    assert events(p) == [("Warning", "RotationIgnored")]
+    assert p.fields["lastPasswordRotation"] == "r1"
