@@ -78,7 +78,14 @@ def test_final_snapshot_of_a_deleted_database_restores_it_with_a_new_password(
     password = secret_data(kube, namespace, "orders-back-connection")["password"]
     assert password != old
     assert last_password_sent(kube, identifier) == password
+    # The same snapshot named by its identifier: this namespace's, so it is restored too.
+    apply(
+        kube, namespace, db("orders-copy", f"  restoreFrom: {{snapshotIdentifier: {snapshot}}}\n")
+    )
+    copy = wait_ready(kube, "dbi", namespace, "orders-copy")
+    assert copy["status"]["restoredFrom"] == {"snapshotIdentifier": snapshot}
     delete(kube, namespace, "orders-back")
+    delete(kube, namespace, "orders-copy")
     assert instance(aws, identifier) is None
 
 
