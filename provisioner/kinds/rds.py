@@ -229,8 +229,10 @@ class RdsClient:
             return
         name = resource.external_name
         instance = observation.client_state["instance"]
-        rds_sources.Sources(self.aws, self._rds(resource)).hold_for_replicas(instance)
+        sources = rds_sources.Sources(self.aws, self._rds(resource))
+        sources.hold_for_replicas(instance)
         if resource.deletion_policy == "Snapshot" and not rds_sources.is_replica(instance):
+            sources.tag_final_snapshot(instance)
             # SkipFinalSnapshot=False is AWS's default; moto needs it spelled out.
             final = {
                 "FinalDBSnapshotIdentifier": f"{name}-final-{int(time.time())}",

@@ -251,6 +251,18 @@ class Sources:
         common["BackupRetentionPeriod"] = spec.backup_retention_days
         return self.restore(resource, common)
 
+    def tag_final_snapshot(self, instance: Mapping[str, Any]) -> None:
+        """Before a deletion with a final snapshot: an instance made before the operator set
+        CopyTagsToSnapshot gets it now, so that its final snapshot carries the ownership tags
+        (`finalSnapshotOf` finds it by them). A refusal while it applies is retried."""
+        if instance.get("CopyTagsToSnapshot") is False:
+            self.aws.call(
+                self.rds.modify_db_instance,
+                DBInstanceIdentifier=instance["DBInstanceIdentifier"],
+                CopyTagsToSnapshot=True,
+                ApplyImmediately=True,
+            )
+
     def hold_for_replicas(self, instance: Mapping[str, Any]) -> None:
         """Deleting a source waits while replicas the operator made replicate from it."""
         replicas = self.replicas_of(instance)

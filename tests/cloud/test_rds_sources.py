@@ -207,3 +207,27 @@ def test_point_in_time_restores_to_a_given_time(aws, rds, make_resource):
     obs = rds.create(dataclasses.replace(clone, resolved=resolved), {"password": "x" * 24})
     assert obs.status["restoredFrom"]["time"] == when
     assert rds.observe(clone).exists
+
+
+def test_an_instance_made_before_copy_tags_still_leaves_a_tagged_final_snapshot(
+    aws, rds, make_resource
+):
+    old = make_resource("DatabaseInstance", SPEC, name="older")
+    client = aws.client("rds")
+    client.create_db_instance(
+        DBInstanceIdentifier=old.external_name,
+        Engine="postgres",
+        DBInstanceClass="db.t3.micro",
+        AllocatedStorage=20,
+        MasterUsername="app",
+        MasterUserPassword="old-password-0123456789",
+        Tags=[{"Key": k, "Value": v} for k, v in old.desired_tags.items()],
+    )
+    obs = rds.observe(old)
+    assert obs.client_state["instance"]["CopyTagsToSnapshot"] is False
+    rds.delete(old, obs)
+    found = client.describe_db_snapshots(DBInstanceIdentifier=old.external_name)["DBSnapshots"]
+    [snapshot] = found
+    tags = _tags(aws, snapshot["DBSnapshotArn"])
+    assert tags["provisioner.dev/name"] == "older"
+    assert tags["provisioner.dev/namespace"] == "team-a"
