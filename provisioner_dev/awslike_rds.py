@@ -6,7 +6,10 @@ PendingModifiedValues and the old ones still current until applied
 once for deletion protection, windows and security groups); `storage-optimization` after a storage
 change, and no further storage change for a while; `deleting` before DBInstanceNotFound, the
 identifier refused meanwhile; snapshots `creating` before `available`; ModifyDBInstance refused
-(InvalidDBInstanceState) while the instance is busy.
+(InvalidDBInstanceState) while the instance is busy. Restores and read replicas are `creating`
+(then `backing-up`) like a create; a restore from a snapshot still `creating` is refused
+(InvalidDBSnapshotState); a promotion is `modifying`, after which the instance names no source
+and its source no longer lists it (moto keeps both).
 """
 
 from __future__ import annotations
@@ -64,6 +67,13 @@ IMMEDIATE = {
 }
 SECURITY_GROUPS = "VpcSecurityGroupIds.VpcSecurityGroupId."
 BUSY = {"creating", "modifying", "resetting-master-credentials", "deleting", "rebooting"}
+# The calls that make an instance, and the duration each plays.
+MAKERS = {
+    "CreateDBInstance": "rds.create",
+    "RestoreDBInstanceFromDBSnapshot": "rds.restore",
+    "RestoreDBInstanceToPointInTime": "rds.restore",
+    "CreateDBInstanceReadReplica": "rds.replica",
+}
 
 
 def _current_value(element: ET.Element, tag: str) -> str | None:
@@ -126,6 +136,7 @@ class RdsModel:
         self.instances: dict[tuple[str, str, str], DbInstance] = {}
         self.deleting: dict[tuple[str, str, str], DeletingDb] = {}
         self.snapshots: dict[tuple[str, str, str], tuple[float, float]] = {}
+        self.promoted: set[tuple[str, str, str]] = set()
         self.durations = Durations(profile, rng)
         self.parameters = Parameters()
 
@@ -148,9 +159,10 @@ class RdsModel:
             return "storage-optimization"
         return "available"
 
-    def created(self, key: tuple[str, str, str], now: float) -> None:
+    def created(self, key: tuple[str, str, str], now: float, duration: str = "rds.create") -> None:
         self.deleting.pop(key, None)
-        create_done = now + self.draw("rds.create")
+        self.promoted.discard(key)
+        create_done = now + self.draw(duration)
         self.instances[key] = DbInstance(
             create_done=create_done, backup_done=create_done + self.draw("rds.backup")
         )
@@ -162,6 +174,15 @@ class RdsModel:
         db = self.instances.setdefault(key, DbInstance())
         db.modification = Modification(until=until, status="rebooting", old={}, pending={})
         self.parameters.booted(key, until)
+
+    def promoting(self, key: tuple[str, str, str], now: float) -> None:
+        db = self.instances.setdefault(key, DbInstance())
+        until = now + self.draw("rds.promote")
+        db.modification = Modification(until=until, status="modifying", old={}, pending={})
+        self.promoted.add(key)
+
+    def snapshot_creating(self, key: tuple[str, str, str], now: float) -> bool:
+        return key in self.snapshots and now < self.snapshots[key][1]
 
     def storage_locked(self, key: tuple[str, str, str], now: float) -> bool:
         db = self.instances.get(key)
@@ -213,6 +234,7 @@ class RdsModel:
     def render(self, element: ET.Element, account: str, region: str, now: float) -> None:
         """Reshape one DBInstance element of moto's into what AWS shows now."""
         ident = element.findtext(_q("DBInstanceIdentifier")) or ""
+        self._unlist_promoted(element, account, region, now)
         status = element.find(_q("DBInstanceStatus"))
         if status is None or status.text != "available":
             return  # moto's own states (stopped, deleting) are shown as they are
@@ -234,6 +256,20 @@ class RdsModel:
             pending = ET.SubElement(element, _q("PendingModifiedValues"))
         for tag, value in db.modification.pending.items():
             ET.SubElement(pending, _q(tag)).text = value
+
+    def _unlist_promoted(self, element: ET.Element, account: str, region: str, now: float) -> None:
+        """A promoted instance names no source once promoted, nor does its source list it."""
+        source = element.find(_q("ReadReplicaSourceDBInstanceIdentifier"))
+        ident = element.findtext(_q("DBInstanceIdentifier")) or ""
+        if source is not None and self._promoted((account, region, ident), now):
+            element.remove(source)
+        for listed in element.iter(_q("ReadReplicaDBInstanceIdentifiers")):
+            for replica in list(listed):
+                if self._promoted((account, region, replica.text or ""), now):
+                    listed.remove(replica)
+
+    def _promoted(self, key: tuple[str, str, str], now: float) -> bool:
+        return key in self.promoted and self.phase(key, now) != "modifying"
 
     def deleting_elements(self, account: str, region: str, now: float) -> list[ET.Element]:
         return [
@@ -261,7 +297,8 @@ class RdsModel:
 
 # The actions whose answers show instances or snapshots, reshaped into what AWS shows now.
 RENDERED = (
-    "CreateDBInstance",
+    *MAKERS,
+    "PromoteReadReplica",
     "ModifyDBInstance",
     "DescribeDBInstances",
     "DescribeDBSnapshots",
@@ -276,11 +313,11 @@ async def handle_rds(rds: RdsModel, call: Call) -> web.StreamResponse:
         return await handle_parameters(rds.parameters, call)
     text = call.body.decode(errors="replace")
     params = {k: v[0] for k, v in urllib.parse.parse_qs(text).items()}
-    ident = params.get("DBInstanceIdentifier", "")
+    ident = params.get("DBInstanceIdentifier") or params.get("TargetDBInstanceIdentifier", "")
     key = (call.account, call.region, ident)
     now = call.clock()
     headers = forwarded_headers(call.request)
-    refused = _busy_refusal(rds, call, key, now)
+    refused = _busy_refusal(rds, call, key, params, now)
     if refused is not None:
         return refused
     before = None
@@ -324,11 +361,21 @@ async def _describe_instance(call: Call, headers: dict[str, str], ident: str) ->
 
 
 def _busy_refusal(
-    rds: RdsModel, call: Call, key: tuple[str, str, str], now: float
+    rds: RdsModel, call: Call, key: tuple[str, str, str], params: dict[str, str], now: float
 ) -> web.Response | None:
     """AWS's refusal of a create while the identifier is being deleted, or of a modification
     while the instance is busy; None when AWS takes the call."""
-    if call.action == "CreateDBInstance" and rds.phase(key, now) == "deleting":
+    snapshot = (call.account, call.region, params.get("DBSnapshotIdentifier", ""))
+    if call.action == "RestoreDBInstanceFromDBSnapshot" and rds.snapshot_creating(snapshot, now):
+        return call.refuse(
+            "rds",
+            call.action,
+            "query",
+            400,
+            "InvalidDBSnapshotState",
+            f"Snapshot {snapshot[2]} is not in available state.",
+        )
+    if call.action in MAKERS and rds.phase(key, now) == "deleting":
         return call.refuse(
             "rds",
             call.action,
@@ -337,7 +384,9 @@ def _busy_refusal(
             "DBInstanceAlreadyExists",
             "DB instance already exists",
         )
-    if call.action in ("ModifyDBInstance", "RebootDBInstance") and rds.phase(key, now) in BUSY:
+    if call.action in ("ModifyDBInstance", "RebootDBInstance", "PromoteReadReplica") and (
+        rds.phase(key, now) in BUSY
+    ):
         return call.refuse(
             "rds",
             call.action,
@@ -399,8 +448,10 @@ def _record(
     now: float,
 ) -> None:
     """What a call moto took starts: a creation, a modification, a deletion, a snapshot."""
-    if call.action == "CreateDBInstance":
-        rds.created(key, now)
+    if call.action in MAKERS:
+        rds.created(key, now, MAKERS[call.action])
+    elif call.action == "PromoteReadReplica":
+        rds.promoting(key, now)
     elif call.action == "ModifyDBInstance" and before is not None:
         rds.modified(key, params, before, now)
         if "DBParameterGroupName" in params:

@@ -234,6 +234,8 @@ class KindDescriptor:
     # whatever the drift policy, done once per value: the reconciler records the value right
     # after the client's update call has done it.
     requests: Mapping[str, str] = field(default_factory=dict)
+    # What plan-only adds to a create's description (a restore's source, a replica's): ", ...".
+    describe_create: Callable[[Resource], str] = lambda resource: ""
 
 
 def levels(

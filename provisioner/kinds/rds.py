@@ -12,7 +12,7 @@ from typing import Any
 from provisioner.aws import errors
 from provisioner.aws.errors import ErrorCodes
 from provisioner.aws.session import Aws
-from provisioner.kinds import rds_network, rds_parameters, rds_settings
+from provisioner.kinds import rds_network, rds_parameters, rds_settings, rds_sources
 from provisioner.kinds.contract import (
     FieldDiff,
     KindDescriptor,
@@ -54,6 +54,8 @@ class DatabaseSpec:
     allow_major_version_upgrade: bool = False
     # spec.parameters (provisioner/kinds/rds_parameters.py); None: the engine's defaults.
     parameters: tuple[tuple[str, str], ...] | None = None
+    restore_from: rds_sources.RestoreFrom | None = None
+    replica_of: str = ""
 
     @classmethod
     def parse(cls, spec: Mapping[str, Any]) -> DatabaseSpec:
@@ -79,6 +81,8 @@ class DatabaseSpec:
             auto_minor_version_upgrade=spec.get("autoMinorVersionUpgrade"),
             allow_major_version_upgrade=bool(spec.get("allowMajorVersionUpgrade", False)),
             parameters=rds_parameters.parse(spec),
+            restore_from=rds_sources.RestoreFrom.parse(spec.get("restoreFrom")),
+            replica_of=rds_sources.replica_of(spec),
         )
 
 
@@ -197,6 +201,12 @@ class RdsClient:
         }
         rds = self._rds(resource)
         optional.update(rds_parameters.create_group(self.aws, rds, resource))
+        if spec.restore_from is not None or spec.replica_of:
+            # Made from another's data, with its master password: none is set here, the
+            # connection Secret stage sets a new one (or, for a replica, takes the source's).
+            secrets.pop("password", None)
+            made = rds_sources.Sources(self.aws, rds).made_from(resource, optional)
+            return rds_parameters.after_create(resource, _observation(resource, made))
         created = self.aws.call(
             rds.create_db_instance,
             DBInstanceIdentifier=resource.external_name,
@@ -209,6 +219,7 @@ class RdsClient:
             PubliclyAccessible=spec.publicly_accessible,
             BackupRetentionPeriod=spec.backup_retention_days,
             DeletionProtection=spec.deletion_protection,
+            CopyTagsToSnapshot=True,  # final snapshots carry the ownership tags
             Tags=[{"Key": k, "Value": v} for k, v in resource.desired_tags.items()],
             **spec.encryption.create_params(),
             **{k: v for k, v in optional.items() if v is not None},
@@ -262,6 +273,8 @@ class RdsClient:
             raise errors.RetryableError(
                 f"instance is {state}; will retry", "InvalidDBInstanceState"
             )
+        if rds_sources.promoted(self.aws, rds, resource, instance, changes):
+            return
         params = {MODIFY_PARAM[field]: diff.desired for field, diff in changes.items()}
         params.update(versions)
         try:
@@ -285,7 +298,10 @@ class RdsClient:
         if observation.deleting or resource.deletion_policy == "Retain":
             return
         name = resource.external_name
-        if observation.client_state["instance"].get("DeletionProtection"):
+        instance = observation.client_state["instance"]
+        sources = rds_sources.Sources(self.aws, self._rds(resource))
+        sources.hold_for_replicas(instance)
+        if instance.get("DeletionProtection"):
             # The spec no longer asks for it (the reconciler holds the deletion while it
             # does): RDS refuses to delete a protected instance.
             self.aws.call(
@@ -294,7 +310,8 @@ class RdsClient:
                 DeletionProtection=False,
                 ApplyImmediately=True,
             )
-        if resource.deletion_policy == "Snapshot":
+        if resource.deletion_policy == "Snapshot" and not rds_sources.is_replica(instance):
+            sources.tag_final_snapshot(instance)
             # SkipFinalSnapshot=False is AWS's default; moto needs it spelled out.
             final = {
                 "FinalDBSnapshotIdentifier": f"{name}-final-{int(time.time())}",
@@ -369,6 +386,7 @@ def _observation(
             rds_network.RECORD: rds_network.recorded(resource, instance),
             **rds_settings.encryption_status(instance),
             **rds_parameters.status(resource, parameters or {}),
+            **rds_sources.status(resource, instance),
         },
         applying=_pending(instance),
         client_state={"instance": instance},
@@ -413,7 +431,9 @@ def _diffs(resource: Resource, instance: dict[str, Any]) -> list[FieldDiff]:
             continue
         diffs.append(FieldDiff(field, observed, desired))
     diffs += rds_network.security_group_diffs(resource, instance)
-    return diffs + tag_diffs(_tags(instance), resource.desired_tags)
+    desired_tags = resource.desired_tags | rds_sources.kept_tags(instance)
+    diffs += rds_sources.diffs(resource, instance)
+    return diffs + tag_diffs(_tags(instance), desired_tags)
 
 
 def list_instances(aws: Aws, region: str) -> Iterator[OwnedResource]:
@@ -436,6 +456,8 @@ KIND = KindDescriptor(
         namespace, name, uid
     ),
     client=RdsClient,
+    dependencies=rds_sources.dependencies,
+    describe_create=rds_sources.planned_create,
     list_resources=lambda aws, region: itertools.chain(
         list_instances(aws, region), rds_parameters.list_groups(aws, region)
     ),

@@ -93,6 +93,11 @@ class Dependency:
     kind: str
     name: str
     role: str  # how messages name it: "dead-letter Queue"
+    # Needed only to create the resource (a point-in-time restore's source): once it exists
+    # (status.arn), the pass no longer waits for it.
+    until_created: bool = False
+    # The resource's connection Secret carries this one's password (a read replica's source).
+    credentials: bool = False
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,11 @@ class Converge:
             obs = await self.observer.observe(resource)
             if not (obs.exists and ownership.is_ours(resource, obs)):
                 raise
+        finally:
+            if isinstance(client, PasswordClient) and "password" not in create_secrets:
+                # Made without it (a restore carries its snapshot's password): the Secret
+                # stage sets a new one in the cloud before any Secret holds it.
+                self.states.of(resource.uid).pending_password = None
         crashpoint("after-create")
         p.event("Normal", "Created", f"created {resource.kind} {name}")
         return known if known is not None else await self.observer.observe(resource)

@@ -21,7 +21,7 @@ class Dependencies:
     async def resolve(self, resource: Resource, retry: int) -> Resource | Result:
         """The resource with its dependencies' ARNs, or the Result that says it waits."""
         resolved: dict[str, str] = {}
-        for dependency in resource.dependencies:
+        for dependency in needed(resource):
             found = await self.ready_arn(resource.namespace, dependency)
             if found is None:
                 return waiting_for(dependency, retry)
@@ -49,6 +49,12 @@ class Dependencies:
         if not cond.is_true(status, cond.READY) or not status.get("arn"):
             return None
         return str(status["arn"]), str(status.get("account") or "")
+
+
+def needed(resource: Resource) -> list[Dependency]:
+    """The dependencies a pass waits for (one needed only to create: until it exists)."""
+    made = bool(resource.status.get("arn"))
+    return [d for d in resource.dependencies if not (d.until_created and made)]
 
 
 def waiting_for(dependency: Dependency, retry: int) -> Result:

@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 from provisioner.aws import errors
+from provisioner.kinds import registry as kinds
 from provisioner.kinds.contract import Observation
 from provisioner.kube.client import Kube
 from provisioner.model import annotations as annotation_keys
@@ -16,7 +17,7 @@ from provisioner.model import conditions as cond
 from provisioner.model.resource import Resource
 from provisioner.placement.accounts import AccountRefused
 from provisioner.reconciler import ownership
-from provisioner.reconciler.dependencies import Dependencies
+from provisioner.reconciler.dependencies import Dependencies, needed
 from provisioner.reconciler.observe import Observer
 from provisioner.reconciler.outcome import Event, Result, Verdict, stamp, where
 from provisioner.reconciler.placement import Placement
@@ -103,7 +104,7 @@ class Planner:
     ) -> tuple[str, str]:
         name, kind = resource.external_name, resource.kind
         resolved: dict[str, str] = {}
-        for dependency in resource.dependencies:
+        for dependency in needed(resource):
             found = await self.dependencies.ready_arn(resource.namespace, dependency)
             if found is None:
                 return "Blocked", f"waiting for {dependency.role} {dependency.name} to be Ready"
@@ -120,7 +121,8 @@ class Planner:
             )
         if planned == "Create":
             place = where(resource.account.name if resource.account else "")
-            return planned, f"create {kind} {name} in {place}, {resource.region}"
+            made = kinds.descriptor(kind).describe_create(resource)
+            return planned, f"create {kind} {name} in {place}, {resource.region}{made}"
         if planned == "None":
             return planned, f"{name} matches the spec: nothing to do"
         changes += [

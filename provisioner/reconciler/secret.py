@@ -14,6 +14,7 @@ from typing import Any
 
 from provisioner.aws import errors
 from provisioner.crashpoints import crashpoint
+from provisioner.kinds import registry as kinds
 from provisioner.kinds.contract import ExternalClient, Observation, PasswordClient
 from provisioner.kube.client import Kube, valid_name
 from provisioner.model import annotations as annotation_keys
@@ -51,7 +52,17 @@ class ConnectionSecret:
                 if owned and existing
                 else None
             )
-            password = await self._password(p, client, stored)
+            shared = await self._source_password(resource)
+            if shared and resource.rotation_pending:
+                p.event(
+                    "Warning",
+                    "RotationIgnored",
+                    "a read replica has its source's password: rotate the source's instead",
+                )
+                p.fields["lastPasswordRotation"] = resource.annotation(
+                    annotation_keys.ROTATE_PASSWORD_AT
+                )
+            password = shared or await self._password(p, client, stored)
             data = client.with_password(data, password)
         if resource.secret_keys:
             # A value the kind offers that this resource has none of now (kmsKeyId without a
@@ -92,6 +103,31 @@ class ConnectionSecret:
                 annotation_keys.ROTATE_PASSWORD_AT
             )
         return password
+
+    async def _source_password(self, resource: Resource) -> str | None:
+        """The password a read replica's Secret carries: its source's, read from the source's
+        own connection Secret (in the same namespace); None for any other resource."""
+        source = next((d for d in resource.dependencies if d.credentials), None)
+        if source is None:
+            return None
+        body = await self.workers.in_thread(
+            self.kube.get_resource, source.kind, resource.namespace, source.name
+        )
+        found = None
+        if body:
+            body.setdefault("kind", source.kind)
+            owner = kinds.parse(body, region=resource.region, cluster_id=resource.cluster_id)
+            secret = await self.workers.in_thread(
+                self.kube.get_secret, resource.namespace, owner.secret_name
+            )
+            if secret and connection_secret.owned_by(secret, owner):
+                found = connection_secret.stored_password(secret, owner.secret_keys)
+        if not found:
+            raise errors.RetryableError(
+                f"the connection Secret of {source.role} {source.name} holds no password "
+                "the operator can read yet"
+            )
+        return found
 
     async def _put(
         self, resource: Resource, existing: dict[str, Any] | None, body: dict[str, Any]

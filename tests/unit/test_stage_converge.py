@@ -385,3 +385,20 @@ def test_nothing_to_write_reads_nothing_again(world):
     assert world.apply(p, obs) is obs
     assert len(world.clouds["Queue"].calls) == calls
     assert p.events == [] and p.conditions == []
+
+
+def test_a_database_made_without_the_password_leaves_none_pending(world, monkeypatch):
+    """A restore or a replica carries another's password: the client takes the generated one
+    out, and the Secret stage must then set a new one in the cloud (nothing is pending)."""
+    r = resource("DatabaseInstance", {"engine": "postgres", "instanceClass": "db.t3.micro"})
+    cloud = world.clouds["DatabaseInstance"]
+    made = FakeCloud.create
+
+    def restore(self, resource, secrets):
+        secrets.pop("password")
+        return made(self, resource, {})
+
+    monkeypatch.setattr(FakePasswordCloud, "create", restore)
+    world.create(progress(r))
+    assert cloud.objects[r.external_name].password in (None, "")
+    assert world.states.of(r.uid).pending_password is None

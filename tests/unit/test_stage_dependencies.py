@@ -152,3 +152,30 @@ def test_waiting_for_backs_off_from_a_quick_start(monkeypatch):
     assert waiting_for(dependency, 0).requeue_after == outcome.WAIT_BASE
     assert waiting_for(dependency, 40).requeue_after == WAIT_CAP
     assert "Topic news" in waiting_for(dependency, 0).conditions[0].message
+
+
+def database(status: dict[str, Any]) -> Resource:
+    spec = {
+        "engine": "postgres",
+        "instanceClass": "db.t3.micro",
+        "restoreFrom": {"pointInTime": {"sourceRef": {"name": "live"}, "latest": True}},
+    }
+    body = {
+        "kind": "DatabaseInstance",
+        "metadata": {"namespace": NS, "name": "clone", "uid": "uid-clone", "generation": 1},
+        "spec": spec,
+        "status": status,
+    }
+    return kinds.parse(body, region="us-east-1", cluster_id="test")
+
+
+def test_a_source_needed_only_to_create_is_waited_for_until_the_resource_exists(world):
+    waiting = world.resolve(database({}))
+    assert isinstance(waiting, Result)
+    assert waiting.conditions[0].message == (
+        "waiting for point-in-time source DatabaseInstance live to be Ready"
+    )
+    assert world.kube.journal == [("kube", "get_resource", "live")]
+    made = world.resolve(database({"arn": "arn:aws:rds:us-east-1:000000000000:db:clone"}))
+    assert isinstance(made, Resource) and made.resolved == {}
+    assert len(world.kube.journal) == 1  # not even read once it exists

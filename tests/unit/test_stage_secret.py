@@ -278,3 +278,57 @@ def test_delete_of_a_name_no_secret_can_have_calls_nothing(world):
     r = resource(spec={"connectionSecret": {"name": "Not_A_Valid/Name"}})
     asyncio.run(world.secret.delete(r))
     assert world.journal == []
+
+
+# -- a read replica: the source's credentials ----------------------------------------------
+
+
+def source_database(world: World, password: str | None) -> None:
+    """The replica's source, `primary`, with its connection Secret (holding `password`)."""
+    body = {
+        "apiVersion": "cloud.provisioner.dev/v1beta1",
+        "kind": "DatabaseInstance",
+        "metadata": {"namespace": NS, "name": "primary", "uid": "uid-primary", "generation": 1},
+        "spec": dict(DB_SPEC),
+    }
+    world.kube.resources[("DatabaseInstance", NS, "primary")] = body
+    if password is not None:
+        source = kinds.parse(body, region="us-east-1", cluster_id="test")
+        data = {"host": "primary.example", "port": "5432", "username": "app"}
+        world.kube.put_secret(
+            NS, connection_secret.build(source, {**data, "password": password}, password)
+        )
+
+
+def test_a_replicas_secret_carries_its_sources_password_and_sets_none(world):
+    source_database(world, SEEDED)
+    r = resource("DatabaseInstance", {"replicaOf": {"name": "primary"}})
+    world.db.seed(r)
+    p = world.write(r)
+    data = world.data()
+    assert data["password"] == SEEDED
+    assert data["host"] != "primary.example"  # the replica's own host
+    assert [c.method for c in world.db.calls if c.method == "set_password"] == []
+    assert p.events == []
+
+
+def test_a_replica_waits_for_its_sources_secret(world):
+    source_database(world, None)
+    r = resource("DatabaseInstance", {"replicaOf": {"name": "primary"}})
+    world.db.seed(r)
+    with pytest.raises(errors.RetryableError, match="source DatabaseInstance primary"):
+        world.write(r)
+    assert world.stored() is None
+    assert [c.method for c in world.db.calls if c.method == "set_password"] == []
+
+
+def test_a_rotation_asked_of_a_replica_is_answered_and_sets_nothing(world):
+    source_database(world, SEEDED)
+    asked = {annotation_keys.ROTATE_PASSWORD_AT: "r1"}
+    r = resource("DatabaseInstance", {"replicaOf": {"name": "primary"}}, annotations=asked)
+    world.db.seed(r)
+    p = world.write(r)
+    assert world.data()["password"] == SEEDED
+    assert [c.method for c in world.db.calls if c.method == "set_password"] == []
+    assert events(p) == [("Warning", "RotationIgnored")]
+    assert p.fields["lastPasswordRotation"] == "r1"
