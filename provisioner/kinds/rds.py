@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from typing import Any
 from provisioner.aws import errors
 from provisioner.aws.errors import ErrorCodes
 from provisioner.aws.session import Aws
+from provisioner.kinds import rds_password
 from provisioner.kinds.contract import (
     FieldDiff,
     KindDescriptor,
@@ -40,6 +42,9 @@ class DatabaseSpec:
     publicly_accessible: bool = False
     backup_retention_days: int = 7
     instance_identifier: str | None = None
+    master_password: rds_password.PasswordSpec = dataclasses.field(
+        default_factory=rds_password.PasswordSpec
+    )
 
     @classmethod
     def parse(cls, spec: Mapping[str, Any]) -> DatabaseSpec:
@@ -57,6 +62,7 @@ class DatabaseSpec:
             multi_az=bool(spec.get("multiAZ", False)),
             publicly_accessible=bool(spec.get("publiclyAccessible", False)),
             backup_retention_days=int(spec.get("backupRetentionDays", 7)),
+            master_password=rds_password.PasswordSpec.parse(spec),
         )
 
 
@@ -92,11 +98,12 @@ STORAGE_RETRY_SECONDS = 600.0
 DESCRIBE_PAGE = 100
 
 
-class RdsClient:
+class RdsClient(rds_password.KeptPassword):
     tags_on_create = True  # CreateDBInstance takes Tags
 
     def __init__(self, aws: Aws) -> None:
         self.aws = aws
+        self.handover = rds_password.Handover()
 
     def _rds(self, resource: Resource) -> Any:
         return self.aws.client("rds", resource.region, resource.account)
@@ -151,7 +158,7 @@ class RdsClient:
             DBInstanceClass=spec.instance_class,
             AllocatedStorage=spec.allocated_storage_gib,
             MasterUsername=spec.master_username,
-            MasterUserPassword=secrets["password"],
+            **rds_password.create_params(spec.master_password, secrets),
             MultiAZ=spec.multi_az,
             PubliclyAccessible=spec.publicly_accessible,
             BackupRetentionPeriod=spec.backup_retention_days,
@@ -177,7 +184,8 @@ class RdsClient:
                 self.aws.call(rds.add_tags_to_resource, ResourceName=arn, Tags=pairs)
             if to_remove:
                 self.aws.call(rds.remove_tags_from_resource, ResourceName=arn, TagKeys=to_remove)
-        if not changes:
+        switch = changes.pop(rds_password.FIELD, None)
+        if not changes and switch is None:
             return
         storage = changes.get("spec.storage.sizeGiB")
         if storage is not None and storage.desired < storage.observed:
@@ -190,6 +198,7 @@ class RdsClient:
                 f"instance is {state}; will retry", "InvalidDBInstanceState"
             )
         params = {MODIFY_PARAM[field]: diff.desired for field, diff in changes.items()}
+        handed = self.handover.prepare(resource.spec.master_password, switch, params)
         version = changes.get("spec.engineVersion")
         if version is not None and _is_major_upgrade(resource.spec.engine, version):
             params["AllowMajorVersionUpgrade"] = True
@@ -200,6 +209,7 @@ class RdsClient:
                 ApplyImmediately=True,
                 **params,
             )
+            self.handover.made(resource.uid, handed)
         except errors.TerminalError as exc:
             if "storage" in exc.message and "optimiz" in exc.message:
                 raise errors.RetryLaterError(
@@ -271,10 +281,12 @@ def _observation(resource: Resource, instance: dict[str, Any]) -> Observation:
             "database": instance.get("DBName") or "",
             "engine": instance.get("Engine", ""),
             "arn": arn,
+            **rds_password.connection(instance),
         },
         status={
             "endpoint": f"{host}:{port}" if host else "",
             "pendingChanges": _pending(instance),
+            **rds_password.status(instance),
         },
         applying=_pending(instance),
         client_state={"instance": instance},
@@ -316,7 +328,8 @@ def _diffs(resource: Resource, instance: dict[str, Any]) -> list[FieldDiff]:
         if desired is None or observed is None or _same(field, observed, desired):
             continue
         diffs.append(FieldDiff(field, observed, desired))
-    return diffs + tag_diffs(_tags(instance), resource.desired_tags)
+    password = rds_password.diffs(resource.spec.master_password, instance)
+    return diffs + password + tag_diffs(_tags(instance), resource.desired_tags)
 
 
 def _is_major_upgrade(engine: str, version: FieldDiff) -> bool:
@@ -360,4 +373,6 @@ KIND = KindDescriptor(
     ),
     on_localstack=False,
     creating_states=frozenset({"", "creating"}),
+    access_actions=rds_password.ACCESS,
+    access_arns=rds_password.access_arns,
 )
