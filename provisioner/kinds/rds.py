@@ -209,7 +209,7 @@ class RdsClient(rds_password.KeptPassword):
                 ApplyImmediately=True,
                 **params,
             )
-            self.handover.made(resource.uid, handed)
+            self.handover.made(resource.uid, handed, switch)
         except errors.TerminalError as exc:
             if "storage" in exc.message and "optimiz" in exc.message:
                 raise errors.RetryLaterError(

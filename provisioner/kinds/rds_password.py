@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from provisioner.crashpoints import crashpoint
 from provisioner.kinds.contract import FieldDiff, Observation, levels
 from provisioner.model import connection_secret
 from provisioner.model.resource import Resource
@@ -158,12 +159,15 @@ class Handover:
         params.update(switch_params(spec, password or ""))
         return password
 
-    def made(self, uid: str, password: str | None) -> None:
-        """The cloud took `password` (None: nothing to hand over)."""
-        if password is None:
+    def made(self, uid: str, password: str | None, switch: FieldDiff | None) -> None:
+        """The cloud took the ModifyDBInstance `prepare` added `switch` (None: none) to, and
+        with it `password` (None: nothing to hand over)."""
+        if switch is None:
             return
-        with self._lock:
-            self._passwords[uid] = password
+        if password is not None:
+            with self._lock:
+                self._passwords[uid] = password
+        crashpoint("after-password-switch")  # the connection Secret not written yet
 
     def take(self, uid: str) -> str | None:
         with self._lock:

@@ -105,7 +105,7 @@ def test_a_switch_back_carries_a_fresh_password_handed_over_once_taken():
     password = handover.prepare(resource().spec.master_password, switch, params)
     assert password is not None and len(password) == 32 and password.isalnum()
     assert params == {"ManageMasterUserPassword": False, "MasterUserPassword": password}
-    handover.made("uid-orders", password)
+    handover.made("uid-orders", password, switch)
     assert handover.take("uid-orders") == password
     assert handover.take("uid-orders") is None
 

@@ -1,0 +1,288 @@
+"""spec.masterPassword: Secrets Manager keeps a DatabaseInstance's master password.
+
+Through the real API server against moto: the connection Secret carries passwordSecretArn and
+never the password; GetSecretValue reads the password RDS made; switching either way is a
+requested change that plan-only shows; a SIGKILL in the middle of a switch leaves no Secret
+claiming a password the cloud does not take; the rotation annotation asks RDS; spec.access
+grants reading that secret only.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from typing import Any
+
+import pytest
+
+from provisioner_dev.cloud import DevCloud
+from tests.conftest import on_moto_only
+from tests.e2e.test_crash_safety import wait_killed
+from tests.helpers import (
+    apply,
+    assert_refused,
+    condition,
+    events,
+    get,
+    merge_patch,
+    secret_data,
+    try_apply,
+    wait_for,
+    wait_gone,
+    wait_ready,
+)
+
+pytestmark = [pytest.mark.e2e, on_moto_only]
+
+GROUP = "cloud.provisioner.dev"
+KEPT_KEYS = {"host", "port", "username", "database", "engine", "arn", "passwordSecretArn"}
+OPERATOR_KEYS = {"host", "port", "username", "password", "database", "engine", "uri", "arn"}
+
+
+def db(name: str, extra: str = "", annotations: str = "") -> str:
+    return (
+        "apiVersion: cloud.provisioner.dev/v1beta1\nkind: DatabaseInstance\n"
+        f"metadata:\n  name: {name}\n{annotations}"
+        "spec:\n  engine: postgres\n  instanceClass: db.t3.micro\n  deletionPolicy: Delete\n"
+        f"{extra}"
+    )
+
+
+KEPT = "  masterPassword: {managedBy: SecretsManager}\n"
+
+
+# A MasterUserPassword parameter (not ManageMasterUserPassword's or RotateMasterUserPassword's).
+PASSWORD_PARAM = re.compile(r"(?:^|[&\s])MasterUserPassword=([A-Za-z0-9]+)")
+
+
+def passwords_sent(kube, identifier: str) -> list[str]:
+    """The MasterUserPassword of every call moto received for `identifier`, in order."""
+    return [m.group(1) for r in kube.cloud_requests(identifier) for m in PASSWORD_PARAM.finditer(r)]
+
+
+def last_password_sent(kube, identifier: str) -> str | None:
+    sent = passwords_sent(kube, identifier)
+    return sent[-1] if sent else None
+
+
+@functools.cache
+def _cloud(endpoint_url: str) -> DevCloud:
+    return DevCloud(endpoint_url)
+
+
+def client(aws, service: str) -> Any:
+    """A boto3 client of `service` on the test's cloud (Secrets Manager, KMS)."""
+    return _cloud(aws.rds.meta.endpoint_url).client(service)
+
+
+def instance(aws, identifier: str) -> dict:
+    return aws.rds.describe_db_instances(DBInstanceIdentifier=identifier)["DBInstances"][0]
+
+
+def secret_value(aws, arn: str) -> dict:
+    return json.loads(client(aws, "secretsmanager").get_secret_value(SecretId=arn)["SecretString"])
+
+
+def wait_secret(kube, ns: str, name: str, keys: set[str], timeout: float = 90) -> dict[str, str]:
+    def probe() -> dict[str, str] | None:
+        data = secret_data(kube, ns, f"{name}-connection")
+        return data if data is not None and set(data) == keys else None
+
+    return wait_for(probe, timeout=timeout, what=f"the Secret of {name} with keys {sorted(keys)}")
+
+
+def delete(kube, ns: str, name: str) -> None:
+    kube.kubectl("delete", "dbi", name, "-n", ns, "--wait=false")
+    wait_gone(kube, "dbi", ns, name, timeout=90)
+
+
+def test_secrets_manager_keeps_the_password_and_rotates_it(kube, operator, aws, namespace):
+    ns = namespace
+    apply(kube, ns, db("vault", KEPT))
+    cr = wait_ready(kube, "dbi", ns, "vault")
+    identifier = cr["status"]["externalName"]
+    described = instance(aws, identifier)
+    arn = described["MasterUserSecret"]["SecretArn"]
+
+    data = wait_secret(kube, ns, "vault", KEPT_KEYS)
+    assert data["passwordSecretArn"] == arn == cr["status"]["masterUserSecret"]["arn"]
+    assert cr["status"]["masterUserSecret"]["kmsKeyId"]
+    # The password is RDS's, in Secrets Manager: never in the Secret, never sent by us.
+    password = secret_value(aws, arn)["password"]
+    assert password and password not in json.dumps(data)
+    assert passwords_sent(kube, identifier) == []
+
+    # The rotation annotation asks RDS, which rotates its secret.
+    sm = client(aws, "secretsmanager")
+    versions = len(sm.list_secret_version_ids(SecretId=arn)["Versions"])
+    kube.kubectl(
+        "annotate", "dbi", "vault", "-n", ns, f"{GROUP}/rotate-password-at=2026-02-01T00:00:00Z"
+    )
+    wait_for(
+        lambda: (
+            get(kube, "dbi", ns, "vault")["status"].get("lastPasswordRotation")
+            == "2026-02-01T00:00:00Z"
+        ),
+        timeout=60,
+        what="the rotation recorded",
+    )
+    assert len(sm.list_secret_version_ids(SecretId=arn)["Versions"]) == versions + 1
+    assert any("RotateMasterUserPassword=true" in r for r in kube.cloud_requests(identifier))
+    assert "password" not in secret_data(kube, ns, "vault-connection")
+    changed = [e["message"] for e in events(kube, ns, "vault", "PasswordChanged")]
+    assert changed == ["master password rotation asked of the cloud"]
+
+    delete(kube, ns, "vault")
+    listed = {s["ARN"] for s in sm.list_secrets()["SecretList"]}
+    assert arn not in listed  # RDS deletes its secret with the instance
+
+
+def test_switching_is_planned_then_applied_both_ways(kube, operator, aws, namespace):
+    ns = namespace
+    apply(kube, ns, db("switch"))
+    cr = wait_ready(kube, "dbi", ns, "switch")
+    identifier = cr["status"]["externalName"]
+    first = wait_secret(kube, ns, "switch", OPERATOR_KEYS)["password"]
+
+    # Planned: the plan names the change, nothing is written.
+    kube.kubectl("annotate", "dbi", "switch", "-n", ns, f"{GROUP}/plan-only=true")
+    merge_patch(
+        kube, "dbi", ns, "switch", '{"spec":{"masterPassword":{"managedBy":"SecretsManager"}}}'
+    )
+    planned = wait_for(
+        lambda: (
+            (o := get(kube, "dbi", ns, "switch"))
+            and (o["status"].get("plan") or {}).get("generation") == 2
+            and o
+        ),
+        what="the plan of the switch",
+    )
+    assert planned["status"]["plan"]["changes"] == [
+        {"field": "spec.masterPassword.managedBy", "cloud": "Operator", "spec": "SecretsManager"}
+    ]
+    assert "MasterUserSecret" not in instance(aws, identifier)
+    assert secret_data(kube, ns, "switch-connection")["password"] == first
+
+    # Applied: RDS keeps a password of its own; the Secret says where, not what.
+    kube.kubectl("annotate", "dbi", "switch", "-n", ns, f"{GROUP}/plan-only-")
+    cr = wait_ready(kube, "dbi", ns, "switch", generation=2)
+    data = wait_secret(kube, ns, "switch", KEPT_KEYS)
+    arn = instance(aws, identifier)["MasterUserSecret"]["SecretArn"]
+    assert data["passwordSecretArn"] == arn == cr["status"]["masterUserSecret"]["arn"]
+    assert secret_value(aws, arn)["password"] != first
+    updated = [e["message"] for e in events(kube, ns, "switch", "Updated")]
+    assert "updated spec.masterPassword.managedBy" in updated
+
+    # And back: a fresh password of the operator's, the one the cloud took last.
+    merge_patch(kube, "dbi", ns, "switch", '{"spec":{"masterPassword":{"managedBy":"Operator"}}}')
+    wait_ready(kube, "dbi", ns, "switch", generation=3)
+    data = wait_secret(kube, ns, "switch", OPERATOR_KEYS)
+    assert data["password"] != first and data["password"] == last_password_sent(kube, identifier)
+    assert "MasterUserSecret" not in instance(aws, identifier)
+    assert "masterUserSecret" not in get(kube, "dbi", ns, "switch")["status"]
+    assert data["password"] not in operator.log.read_text(errors="replace")
+    delete(kube, ns, "switch")
+
+
+@pytest.mark.parametrize("target", ["SecretsManager", "Operator"])
+def test_killed_in_the_middle_of_a_switch_never_leaves_a_stale_password(
+    kube, aws, own_namespace, start_operator, target
+):
+    ns = own_namespace
+    start = "Operator" if target == "SecretsManager" else "SecretsManager"
+    first = start_operator()
+    apply(kube, ns, db("midway", f"  masterPassword: {{managedBy: {start}}}\n"))
+    cr = wait_ready(kube, "dbi", ns, "midway")
+    identifier = cr["status"]["externalName"]
+    wait_secret(kube, ns, "midway", OPERATOR_KEYS if start == "Operator" else KEPT_KEYS)
+    first.stop()
+
+    doomed = start_operator(env={"PROVISIONER_CRASHPOINTS": "after-password-switch"})
+    patch = json.dumps({"spec": {"masterPassword": {"managedBy": target}}})
+    merge_patch(kube, "dbi", ns, "midway", patch)
+    wait_killed(doomed)
+    kept_now = "MasterUserSecret" in instance(aws, identifier)
+    assert kept_now == (target == "SecretsManager")  # the switch was made
+    # Killed before the Secret was written: it claims no password the cloud no longer takes.
+    data = secret_data(kube, ns, "midway-connection")
+    if target == "SecretsManager":
+        assert "password" not in data and "uri" not in data
+    else:
+        assert "password" not in data  # the password the dead process set is lost with it
+
+    start_operator()
+    wait_ready(kube, "dbi", ns, "midway", generation=2)
+    if target == "SecretsManager":
+        data = wait_secret(kube, ns, "midway", KEPT_KEYS)
+        arn = instance(aws, identifier)["MasterUserSecret"]["SecretArn"]
+        assert data["passwordSecretArn"] == arn
+    else:
+        data = wait_secret(kube, ns, "midway", OPERATOR_KEYS)
+        # A new password, set in the cloud again before it was written.
+        assert data["password"] == last_password_sent(kube, identifier)
+        assert "MasterUserSecret" not in instance(aws, identifier)
+    delete(kube, ns, "midway")
+
+
+def test_bad_combinations_are_refused_at_apply_time(kube, namespace):
+    ns = namespace
+    refusals = [
+        (
+            "  masterPassword: {kmsKeyId: alias/db}\n",
+            "spec.masterPassword.kmsKeyId needs spec.masterPassword.managedBy SecretsManager",
+        ),
+        (
+            "  access: [{serviceAccountName: app}]\n",
+            "spec.access needs spec.masterPassword.managedBy SecretsManager",
+        ),
+        (
+            KEPT + "  connectionSecret: {keys: {DATABASE_URL: '{{ .uri }}'}}\n",
+            "with spec.masterPassword.managedBy SecretsManager no template may name",
+        ),
+        (
+            "  connectionSecret: {keys: {SECRET: '{{ .passwordSecretArn }}'}}\n",
+            "at least one template must name {{ .password }} or {{ .uri }}",
+        ),
+        (
+            KEPT + "  access: [{serviceAccountName: app, level: write}]\n",
+            'Unsupported value: "write"',
+        ),
+    ]
+    for extra, message in refusals:
+        assert_refused(try_apply(kube, ns, db("refused", extra)), message)
+    assert get(kube, "dbi", ns, "refused") is None
+
+
+def test_the_key_is_fixed_while_secrets_manager_keeps_the_password(kube, operator, aws, namespace):
+    ns = namespace
+    key = client(aws, "kms").create_key(Description="orders db secret")["KeyMetadata"]
+    apply(
+        kube,
+        ns,
+        db("keyed", f"  masterPassword: {{managedBy: SecretsManager, kmsKeyId: {key['KeyId']}}}\n"),
+    )
+    cr = wait_ready(kube, "dbi", ns, "keyed")
+    assert cr["status"]["masterUserSecret"]["kmsKeyId"] == key["Arn"]
+    other = client(aws, "kms").create_key(Description="another")["KeyMetadata"]
+    changed = f"  masterPassword: {{managedBy: SecretsManager, kmsKeyId: {other['KeyId']}}}\n"
+    assert_refused(
+        try_apply(kube, ns, db("keyed", changed)),
+        "spec.masterPassword.kmsKeyId cannot change while Secrets Manager keeps the password",
+    )
+    delete(kube, ns, "keyed")
+
+
+def test_templates_say_where_the_password_is(kube, operator, aws, namespace):
+    ns = namespace
+    keys = (
+        "  connectionSecret:\n    keys:\n      PGHOST: '{{ .host }}'\n"
+        "      PGPASSWORD_SECRET: 'aws-secret:{{ .passwordSecretArn }}'\n"
+    )
+    apply(kube, ns, db("templated", KEPT + keys))
+    cr = wait_ready(kube, "dbi", ns, "templated")
+    data = wait_secret(kube, ns, "templated", {"PGHOST", "PGPASSWORD_SECRET"})
+    arn = cr["status"]["masterUserSecret"]["arn"]
+    assert data["PGPASSWORD_SECRET"] == f"aws-secret:{arn}"
+    assert condition(cr, "Synced")["status"] == "True"
+    delete(kube, ns, "templated")
