@@ -11,6 +11,9 @@ import pytest
 from provisioner.kinds import rds_password
 from provisioner.kinds.contract import CloudKeptPasswordClient, PasswordClient
 from provisioner.kinds.rds import RdsClient
+from tests.cloud.test_awslike import client as awslike_client
+from tests.cloud.test_awslike import db_states, error_of, proxy  # noqa: F401 - its fixture
+from tests.cloud.test_awslike import name as awslike_name
 
 pytestmark = pytest.mark.cloud
 
@@ -106,3 +109,56 @@ def test_a_rotation_is_asked_of_rds(aws, rds, make_resource):
     rds.rotate_kept(res)
     after = sm.list_secret_version_ids(SecretId=arn)["Versions"]
     assert len(after) == len(before) + 1
+
+
+# -- the aws-like profile plays what RDS shows meanwhile ---------------------------------------
+
+
+def test_awslike_plays_the_switch_and_the_rotation(proxy):  # noqa: F811
+    rds, ident = awslike_client("rds", proxy.url), awslike_name("db")
+    rds.create_db_instance(
+        DBInstanceIdentifier=ident,
+        Engine="postgres",
+        DBInstanceClass="db.t3.micro",
+        AllocatedStorage=20,
+        MasterUsername="app",
+        ManageMasterUserPassword=True,
+    )
+    seen = db_states(rds, ident, "available")
+    assert seen[-1][1]["MasterUserSecret"]["SecretArn"]
+
+    # A rotation resets the credentials; the instance takes no other change meanwhile.
+    answer = rds.modify_db_instance(
+        DBInstanceIdentifier=ident, RotateMasterUserPassword=True, ApplyImmediately=True
+    )["DBInstance"]
+    assert answer["DBInstanceStatus"] == "resetting-master-credentials"
+    code, _ = error_of(
+        rds.modify_db_instance,
+        DBInstanceIdentifier=ident,
+        RotateMasterUserPassword=True,
+        ApplyImmediately=True,
+    )
+    assert code == "InvalidDBInstanceState"
+    seen = db_states(rds, ident, "available")
+    assert [status for status, _ in seen] == ["resetting-master-credentials", "available"]
+
+    # Giving the password back to the operator modifies the instance.
+    answer = rds.modify_db_instance(
+        DBInstanceIdentifier=ident,
+        ManageMasterUserPassword=False,
+        MasterUserPassword="Operator0Generated0Password00000",
+        ApplyImmediately=True,
+    )["DBInstance"]
+    assert answer["DBInstanceStatus"] == "modifying"
+    seen = db_states(rds, ident, "available")
+    assert [status for status, _ in seen] == ["modifying", "available"]
+    assert "MasterUserSecret" not in seen[-1][1]
+
+    # And taking it again.
+    answer = rds.modify_db_instance(
+        DBInstanceIdentifier=ident, ManageMasterUserPassword=True, ApplyImmediately=True
+    )["DBInstance"]
+    assert answer["DBInstanceStatus"] == "modifying"
+    seen = db_states(rds, ident, "available")
+    assert seen[-1][1]["MasterUserSecret"]["SecretArn"]
+    rds.delete_db_instance(DBInstanceIdentifier=ident, SkipFinalSnapshot=True)

@@ -16,8 +16,18 @@ from typing import Any
 
 import pytest
 
+from provisioner.access import iam as iam_names
 from provisioner_dev.cloud import DevCloud
 from tests.conftest import on_moto_only
+from tests.e2e.test_access import (  # noqa: F401 - fixtures: moto with IAM enforcement on
+    ACCOUNT,
+    access_namespace,
+    cloud,
+    policies,
+    role_exists,
+    role_name,
+    sa_annotation,
+)
 from tests.e2e.test_crash_safety import wait_killed
 from tests.helpers import (
     apply,
@@ -286,3 +296,72 @@ def test_templates_say_where_the_password_is(kube, operator, aws, namespace):
     assert data["PGPASSWORD_SECRET"] == f"aws-secret:{arn}"
     assert condition(cr, "Synced")["status"] == "True"
     delete(kube, ns, "templated")
+
+
+# -- spec.access: reading the master user secret, through an operator with --access=irsa --------
+
+
+def test_access_grants_reading_that_secret_only(kube, cloud, access_namespace):  # noqa: F811
+    """The grant's policy, read back from IAM, names that database's secret (and the key the
+    spec names) and nothing else. moto authorises Secrets Manager calls against `*`, not the
+    secret's ARN, so the pod's own GetSecretValue is not evaluated here: the documents are."""
+    ns = access_namespace
+    kube.kubectl("create", "serviceaccount", "reader", "-n", ns)
+    kms = cloud.client("kms")
+    key = kms.create_key(Description="orders db secret")["KeyMetadata"]
+    grant = "  access: [{serviceAccountName: reader}]\n"
+    keyed = f"  masterPassword: {{managedBy: SecretsManager, kmsKeyId: {key['KeyId']}}}\n"
+    apply(kube, ns, db("granted", KEPT + grant) + "---\n" + db("keyed", keyed + grant))
+    apply(kube, ns, db("other", KEPT))
+    crs = {n: wait_ready(kube, "dbi", ns, n, timeout=120) for n in ("granted", "keyed", "other")}
+    role = role_name(ns, "reader")
+    arn = f"arn:aws:iam::{ACCOUNT}:role/provisioner/{role}"
+    for name in ("granted", "keyed"):
+        assert crs[name]["status"]["access"] == [
+            {"serviceAccountName": "reader", "level": "read", "roleArn": arn}
+        ]
+    assert sa_annotation(kube, ns, "reader") == arn
+    secrets = {n: crs[n]["status"]["masterUserSecret"]["arn"] for n in crs}
+    assert len(set(secrets.values())) == 3
+
+    docs = policies(cloud, role)
+    names = {
+        n: iam_names.policy_name("DatabaseInstance", n, crs[n]["metadata"]["uid"]) for n in crs
+    }
+    assert set(docs) == {names["granted"], names["keyed"]}
+    reading = ["secretsmanager:GetSecretValue", "secretsmanager:DescribeSecret"]
+    (only,) = docs[names["granted"]]["Statement"]
+    assert (only["Action"], only["Resource"]) == (reading, [secrets["granted"]])
+    keyed_statements = {
+        tuple(s["Action"]): s["Resource"] for s in docs[names["keyed"]]["Statement"]
+    }
+    assert keyed_statements == {
+        ("kms:Decrypt",): [key["Arn"]],
+        tuple(reading): [secrets["keyed"]],
+    }
+    everything = json.dumps(docs)
+    assert secrets["other"] not in everything and crs["granted"]["status"]["arn"] not in everything
+    # The operator's own credentials read the password RDS keeps there.
+    value = cloud.client("secretsmanager").get_secret_value(SecretId=secrets["granted"])
+    assert json.loads(value["SecretString"])["password"]
+
+    # Back to the operator: the grant goes with the secret (the CEL rule asks both at once).
+    refused = try_apply(kube, ns, db("granted", grant))
+    assert_refused(refused, "spec.access needs spec.masterPassword.managedBy SecretsManager")
+    merge_patch(
+        kube,
+        "dbi",
+        ns,
+        "granted",
+        '{"spec":{"access":null,"masterPassword":{"managedBy":"Operator"}}}',
+    )
+    wait_ready(kube, "dbi", ns, "granted", generation=2)
+    wait_for(lambda: set(policies(cloud, role)) == {names["keyed"]}, what="the grant revoked")
+    data = wait_secret(kube, ns, "granted", OPERATOR_KEYS)
+    assert data["password"]
+    assert not get(kube, "dbi", ns, "granted")["status"].get("access")
+
+    for name in crs:
+        delete(kube, ns, name)
+    assert not role_exists(cloud, role)
+    assert sa_annotation(kube, ns, "reader") is None
