@@ -28,6 +28,7 @@ from tests.e2e.test_access import (  # noqa: F401 - fixtures: moto with IAM enfo
     role_name,
     sa_annotation,
 )
+from tests.e2e.test_awslike import RDS_SCALE, aws_like  # noqa: F401 - its fixture
 from tests.e2e.test_crash_safety import wait_killed
 from tests.helpers import (
     apply,
@@ -365,3 +366,140 @@ def test_access_grants_reading_that_secret_only(kube, cloud, access_namespace): 
         delete(kube, ns, name)
     assert not role_exists(cloud, role)
     assert sa_annotation(kube, ns, "reader") is None
+
+
+# -- the aws-like profile: the rotation and the switch take RDS's time -----------------------
+
+
+def test_rotation_and_switch_under_the_aws_like_profile(
+    kube,
+    aws_like,  # noqa: F811 - the fixture imported above
+    own_namespace,
+    start_operator,
+):
+    ns = own_namespace
+    # 4 min creating, 1 min backing up, 2 min resetting, 10 min modifying: at 60, seconds.
+    slow = aws_like(
+        RDS_SCALE, rds_create=240, rds_backup=60, rds_reset_password=120, rds_modify=600
+    )
+    start_operator(endpoint_url=slow.proxy.url)
+    apply(kube, ns, db("slow", KEPT))
+    cr = wait_ready(kube, "dbi", ns, "slow", timeout=90)
+    identifier = cr["status"]["externalName"]
+    arn = wait_secret(kube, ns, "slow", KEPT_KEYS)["passwordSecretArn"]
+    assert arn == slow.db(identifier)["MasterUserSecret"]["SecretArn"]
+
+    kube.kubectl("annotate", "dbi", "slow", "-n", ns, f"{GROUP}/rotate-password-at=first")
+    wait_for(
+        lambda: get(kube, "dbi", ns, "slow")["status"].get("lastPasswordRotation") == "first",
+        timeout=60,
+        what="the rotation recorded",
+    )
+    # Switched back while RDS still resets the credentials: sent once it is available.
+    merge_patch(kube, "dbi", ns, "slow", '{"spec":{"masterPassword":{"managedBy":"Operator"}}}')
+    cr = wait_ready(kube, "dbi", ns, "slow", generation=2, timeout=120)
+    data = wait_secret(kube, ns, "slow", OPERATOR_KEYS)
+    assert data["password"] == last_password_sent(kube, identifier)
+    assert "MasterUserSecret" not in slow.db(identifier)
+    stats = slow.stats()
+    refused = {k: v for k, v in stats["refusals_by_action"].items() if "Modify" in k}
+    # The rotation and the switch, each sent once, none refused as busy.
+    assert stats["calls_by_action"].get("rds.ModifyDBInstance") == 2 and refused == {}, stats
+    delete(kube, ns, "slow")
+
+
+# -- drift and adoption -------------------------------------------------------------------------
+
+
+def reconcile_now(kube, ns: str, name: str, value: str) -> None:
+    kube.kubectl(
+        "annotate", "dbi", name, "-n", ns, "--overwrite", f"{GROUP}/reconcile-requested-at={value}"
+    )
+
+
+def test_a_switch_behind_the_operators_back_is_drift(kube, operator, aws, namespace):
+    ns = namespace
+    apply(kube, ns, db("drifting", KEPT))
+    cr = wait_ready(kube, "dbi", ns, "drifting")
+    identifier = cr["status"]["externalName"]
+    first = wait_secret(kube, ns, "drifting", KEPT_KEYS)["passwordSecretArn"]
+
+    # Taken back by hand: corrected, with a new secret of RDS's, named in the Secret.
+    aws.rds.modify_db_instance(
+        DBInstanceIdentifier=identifier,
+        ManageMasterUserPassword=False,
+        MasterUserPassword="ByHand0Password0000000000000000",
+        ApplyImmediately=True,
+    )
+    reconcile_now(kube, ns, "drifting", "one")
+    wait_for(
+        lambda: (
+            (i := instance(aws, identifier)).get("MasterUserSecret")
+            and i["MasterUserSecret"]["SecretArn"] != first
+        ),
+        timeout=60,
+        what="the drift corrected",
+    )
+    second = instance(aws, identifier)["MasterUserSecret"]["SecretArn"]
+    data = wait_for(
+        lambda: (
+            (d := secret_data(kube, ns, "drifting-connection"))
+            and d.get("passwordSecretArn") == second
+            and d
+        ),
+        timeout=60,
+        what="the Secret to name the new secret",
+    )
+    assert "password" not in data
+    drifted = [e["message"] for e in events(kube, ns, "drifting", "Drifted")]
+    assert any("spec.masterPassword.managedBy" in m for m in drifted), drifted
+
+    # Under drift-policy report: reported, not corrected; the Secret still carries no password.
+    kube.kubectl("annotate", "dbi", "drifting", "-n", ns, f"{GROUP}/drift-policy=report")
+    aws.rds.modify_db_instance(
+        DBInstanceIdentifier=identifier,
+        ManageMasterUserPassword=False,
+        MasterUserPassword="ByHand0Password0000000000000001",
+        ApplyImmediately=True,
+    )
+    reconcile_now(kube, ns, "drifting", "two")
+    cr = wait_for(
+        lambda: (
+            (o := get(kube, "dbi", ns, "drifting"))
+            and (condition(o, "Drifted") or {}).get("reason") == "DriftReported"
+            and o
+        ),
+        timeout=60,
+        what="the drift reported",
+    )
+    assert "spec.masterPassword.managedBy" in condition(cr, "Drifted")["message"]
+    assert "MasterUserSecret" not in instance(aws, identifier)
+    data = secret_data(kube, ns, "drifting-connection")
+    assert "password" not in data and "ByHand0Password0000000000000001" not in json.dumps(data)
+    delete(kube, ns, "drifting")
+
+
+def test_adopting_an_instance_whose_password_secrets_manager_keeps(kube, operator, aws, namespace):
+    ns = namespace
+    identifier = f"adopt-{namespace}"[:60].rstrip("-")
+    aws.rds.create_db_instance(
+        DBInstanceIdentifier=identifier,
+        Engine="postgres",
+        DBInstanceClass="db.t3.micro",
+        AllocatedStorage=20,
+        MasterUsername="app",
+        ManageMasterUserPassword=True,
+        BackupRetentionPeriod=7,
+        Tags=[{"Key": "provisioner.dev/adoptable-by", "Value": ns}],
+    )
+    arn = instance(aws, identifier)["MasterUserSecret"]["SecretArn"]
+    adopt = f"  annotations: {{{GROUP}/adopt: 'true'}}\n"
+    apply(kube, ns, db("adopted", KEPT + f"  instanceIdentifier: {identifier}\n", adopt))
+    cr = wait_ready(kube, "dbi", ns, "adopted")
+    assert cr["status"]["masterUserSecret"]["arn"] == arn
+    data = wait_secret(kube, ns, "adopted", KEPT_KEYS)
+    assert data["passwordSecretArn"] == arn  # read, not switched: the same secret
+    assert instance(aws, identifier)["MasterUserSecret"]["SecretArn"] == arn
+    assert not [e for e in events(kube, ns, "adopted", "Drifted")]
+    assert passwords_sent(kube, identifier) == []
+    delete(kube, ns, "adopted")
