@@ -2,14 +2,16 @@
 
 `creating` then `backing-up` before `available`; `modifying` with the new values in
 PendingModifiedValues and the old ones still current until applied
-(`resetting-master-credentials` for a password alone; `modifying` with the new values shown at
-once for deletion protection, windows and security groups); `storage-optimization` after a storage
-change, and no further storage change for a while; `deleting` before DBInstanceNotFound, the
-identifier refused meanwhile; snapshots `creating` before `available`; ModifyDBInstance refused
-(InvalidDBInstanceState) while the instance is busy. Restores and read replicas are `creating`
-(then `backing-up`) like a create; a restore from a snapshot still `creating` is refused
-(InvalidDBSnapshotState); a promotion is `modifying`, after which the instance names no source
-and its source no longer lists it (moto keeps both).
+(`resetting-master-credentials` for a password alone, or a rotation of the password Secrets
+Manager keeps; `modifying` while Secrets Manager takes the password or gives it back, and with
+the new values shown at once for deletion protection, windows and security groups);
+`storage-optimization` after a storage change, and no further storage change for a while;
+`deleting` before DBInstanceNotFound, the identifier refused meanwhile; snapshots `creating`
+before `available`; ModifyDBInstance refused (InvalidDBInstanceState) while the instance is
+busy. Restores and read replicas are `creating` (then `backing-up`) like a create; a restore
+from a snapshot still `creating` is refused (InvalidDBSnapshotState); a promotion is
+`modifying`, after which the instance names no source and its source no longer lists it (moto
+keeps both).
 """
 
 from __future__ import annotations
@@ -202,9 +204,13 @@ class RdsModel:
         password = "MasterUserPassword" in params
         if password:
             pending["MasterUserPassword"] = "****"
-        if not pending and not _changes_at_once(params, before):
+        # Secrets Manager taking the password or giving it back changes the instance
+        # (`modifying`); a rotation of the password it keeps resets the credentials.
+        switched = "ManageMasterUserPassword" in params
+        rotated = params.get("RotateMasterUserPassword", "").lower() == "true"
+        if not pending and not (switched or rotated or _changes_at_once(params, before)):
             return
-        alone = password and len(pending) == 1
+        alone = not switched and ((password and len(pending) == 1) or (rotated and not pending))
         until = now + self.draw("rds.reset_password" if alone else "rds.modify")
         db = self.instances.setdefault(key, DbInstance())
         status = "resetting-master-credentials" if alone else "modifying"

@@ -109,15 +109,34 @@ connectionSecret:
             self[k].matches('^([^{{}}]|\\\\{{\\\\{{ *\\\\.({alternatives}) *\\\\}}\\\\}})*$'))
           message: 'spec.connectionSecret.keys: a template may name only {placeholders}'
 """
-# DatabaseInstance: the operator keeps the master password nowhere but in this Secret.
-DATABASE_KEYS_RULE = """\
-        - rule: >-
-            self.size() == 0
-            || self.exists(k, self[k].matches('\\\\{\\\\{ *\\\\.(password|uri) *\\\\}\\\\}'))
-          message: >-
-            spec.connectionSecret.keys: at least one template must name {{ .password }} or
-            {{ .uri }}: the operator keeps the master password only in this Secret
+# DatabaseInstance, on its spec (the templates and who keeps the password): the operator keeps
+# its master password nowhere but in this Secret; a password Secrets Manager keeps is never in it.
+DATABASE_SPEC_RULES = """\
+- rule: >-
+    !has(self.connectionSecret) || !has(self.connectionSecret.keys)
+    || self.connectionSecret.keys.size() == 0
+    || (has(self.masterPassword) && has(self.masterPassword.managedBy)
+    && self.masterPassword.managedBy == 'SecretsManager')
+    || self.connectionSecret.keys.exists(k,
+    self.connectionSecret.keys[k].matches('\\\\{\\\\{ *\\\\.(password|uri) *\\\\}\\\\}'))
+  message: >-
+    spec.connectionSecret.keys: at least one template must name {{ .password }} or
+    {{ .uri }}: the operator keeps the master password only in this Secret
+  fieldPath: .connectionSecret.keys
+- rule: >-
+    !(has(self.masterPassword) && has(self.masterPassword.managedBy)
+    && self.masterPassword.managedBy == 'SecretsManager')
+    || !has(self.connectionSecret) || !has(self.connectionSecret.keys)
+    || !self.connectionSecret.keys.exists(k,
+    self.connectionSecret.keys[k].matches('\\\\{\\\\{ *\\\\.(password|uri) *\\\\}\\\\}'))
+  message: >-
+    spec.connectionSecret.keys: with spec.masterPassword.managedBy SecretsManager no template
+    may name {{ .password }} or {{ .uri }}: the password is in Secrets Manager ({{
+    .passwordSecretArn }} names the secret)
+  fieldPath: .connectionSecret.keys
 """
+SPEC_RULES_AT = "\n              x-kubernetes-validations:\n"
+SPEC_RULE_INDENT = " " * 16
 # A template shown in each kind's description of spec.connectionSecret.keys.
 EXAMPLES = v1beta1_rules.EXAMPLES
 
@@ -173,8 +192,6 @@ def connection_secret_property(kind: str) -> str:
         alternatives="|".join(values),
         placeholders=", ".join("{{ ." + v + " }}" for v in values),
     )
-    if kind == "DatabaseInstance":
-        block += DATABASE_KEYS_RULE
     return _indent(block, PROPERTY_INDENT)
 
 
@@ -208,6 +225,8 @@ def derive(old_entry: str, kind: str) -> str:
     new = _replace_property(new, "writeConnectionSecretToRef", connection_secret_property(kind))
     if kind == "DatabaseInstance":
         new = _replace_property(new, "allocatedStorageGiB", _indent(STORAGE, PROPERTY_INDENT))
+        rules = SPEC_RULES_AT + _indent(DATABASE_SPEC_RULES, SPEC_RULE_INDENT)
+        new = _replace_once(new, SPEC_RULES_AT, rules, "the spec's rules")
     for gone in ("writeConnectionSecretToRef", "allocatedStorageGiB"):
         if gone in new:
             raise CrdGenError(f"{gone} is still mentioned in the {NEW} entry")

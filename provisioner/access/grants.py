@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,9 +98,10 @@ class Access:
             if e.get("serviceAccountName")
         }
 
-    async def converge(self, resource: Resource, arn: str) -> Outcome | None:
+    async def converge(self, resource: Resource, arn: str | Sequence[str]) -> Outcome | None:
         """Grant what `spec.access` asks, revoke what it no longer does; None when the
-        resource has no grants at all (nothing is called)."""
+        resource has no grants at all (nothing is called). `arn`: the resource's ARN, or the
+        ARNs its kind grants on (none yet: the grants wait, AccessPending)."""
         desired = dict(resource.access)
         held = self.held(resource)
         if not desired and not held:
@@ -116,6 +117,9 @@ class Access:
             outcome.events.append(revoked(sa))
         problems: list[Refused] = []
         for sa, level in desired.items():
+            if not arn:
+                problems.append(Refused(cond.ACCESS_PENDING, _nothing_yet(resource, sa)))
+                continue
             async with self._lock(resource, sa):
                 try:
                     changed = await self._grant(resource, sa, level, arn, held)
@@ -168,7 +172,7 @@ class Access:
         resource: Resource,
         sa: str,
         level: str,
-        arn: str,
+        arn: str | Sequence[str],
         held: dict[str, dict[str, str]],
     ) -> bool:
         """Make one grant (its entry in `held` and status.access first); whether anything
@@ -359,7 +363,7 @@ class Grant:
             return True
         return False
 
-    async def put_policy(self, arn: str) -> bool:
+    async def put_policy(self, arn: str | Sequence[str]) -> bool:
         """The role's policy for the resource `arn`, unless it is already so; whether it
         was written."""
         resource, in_thread = self.resource, self.access.in_thread
@@ -403,6 +407,13 @@ class Grant:
             version,
         )
         return True
+
+
+def _nothing_yet(resource: Resource, sa: str) -> str:
+    return (
+        f"ServiceAccount {sa}: the {resource.kind} has nothing to grant on yet (a database's "
+        "master user secret appears once Secrets Manager keeps its password); granted then"
+    )
 
 
 def _annotation(service_account: dict[str, Any] | None) -> str:

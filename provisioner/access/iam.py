@@ -17,7 +17,7 @@ The pod assumes the role one of two ways (`AccessSettings.mode`):
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
@@ -97,19 +97,43 @@ def role_tags(cluster_id: str, namespace: str, service_account: str) -> dict[str
     }
 
 
-def permission_policy(descriptor: KindDescriptor, level: str, arn: str) -> dict[str, Any]:
-    """The inline policy of one grant: the level's actions on the resource's ARNs only."""
-    return {
-        "Version": "2012-10-17",
-        "Statement": [
-            {
-                "Sid": "ProvisionerAccess",
-                "Effect": "Allow",
-                "Action": list(descriptor.access_actions[level]),
-                "Resource": descriptor.access_resources(arn),
-            }
-        ],
-    }
+def permission_policy(
+    descriptor: KindDescriptor, level: str, arn: str | Sequence[str]
+) -> dict[str, Any]:
+    """The inline policy of one grant: the level's actions on the resource's ARNs only.
+
+    `arn` is the resource's ARN, or the ARNs the kind grants on (`access_arns`); when those
+    belong to several services (a secret and its KMS key), each service's actions get a
+    statement of their own on that service's ARNs only, and a service without an ARN gets
+    none."""
+    arns = [arn] if isinstance(arn, str) else list(arn)
+    resources = [r for a in arns for r in descriptor.access_resources(a)]
+    actions = list(descriptor.access_actions[level])
+    services = sorted({_service(r) for r in resources})
+    if len(services) <= 1:
+        named = [a for a in actions if not services or a.split(":")[0] == services[0]]
+        statements = [_statement("ProvisionerAccess", named or actions, resources)]
+    else:
+        statements = [
+            _statement(
+                f"ProvisionerAccess{service.capitalize()}",
+                [a for a in actions if a.split(":")[0] == service],
+                [r for r in resources if _service(r) == service],
+            )
+            for service in services
+            if any(a.split(":")[0] == service for a in actions)
+        ]
+    return {"Version": "2012-10-17", "Statement": statements}
+
+
+def _service(arn: str) -> str:
+    """An ARN's service (arn:partition:service:...)."""
+    parts = arn.split(":")
+    return parts[2] if len(parts) > 2 else ""
+
+
+def _statement(sid: str, actions: list[str], resources: list[str]) -> dict[str, Any]:
+    return {"Sid": sid, "Effect": "Allow", "Action": actions, "Resource": resources}
 
 
 def trust_policy(

@@ -129,6 +129,25 @@ class LeftoverRemover(Protocol):
 
 
 @runtime_checkable
+class CloudKeptPasswordClient(Protocol):
+    """The capability of kinds whose master password the cloud may keep instead of the
+    operator (RDS with Secrets Manager): the connection Secret then carries no password."""
+
+    def cloud_keeps(self, resource: Resource, observation: Observation) -> bool:
+        """Whether the connection Secret must carry no password now."""
+
+    def handing_to_cloud(self, resource: Resource, observation: Observation) -> bool:
+        """Whether the pending changes give the password to the cloud (the Secret must stop
+        carrying it before they are written)."""
+
+    def handed_back(self, resource: Resource) -> str | None:
+        """The password a switch back to the operator just set (None: none known)."""
+
+    def rotate_kept(self, resource: Resource) -> None:
+        """Ask the cloud to rotate the password it keeps."""
+
+
+@runtime_checkable
 class BatchObserver(Protocol):
     """The capability of kinds whose cloud describes many resources in one call (RDS: one
     DescribeDBInstances for up to 100 identifiers). The periodic resync then observes the
@@ -224,6 +243,10 @@ class KindDescriptor:
     # kind offers no `spec.access`.
     access_actions: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     access_resources: Callable[[str], list[str]] = lambda arn: [arn]
+    # The ARNs the grants are on, from the resource as observed: its own (the default), or
+    # what the kind grants instead (a database: its master user secret and that secret's
+    # KMS key); [] while there is nothing to grant on yet.
+    access_arns: Callable[[Resource, Observation], list[str]] = lambda resource, obs: [obs.arn]
     # `Observation.status` fields that record what `update` and `delete` make beyond the
     # resource itself (a bucket's statements in the policies of its notification targets).
     # The reconciler writes them to status right before those calls whenever they differ

@@ -12,7 +12,7 @@ from typing import Any
 from provisioner.aws import errors
 from provisioner.aws.errors import ErrorCodes
 from provisioner.aws.session import Aws
-from provisioner.kinds import rds_network, rds_parameters, rds_settings, rds_sources
+from provisioner.kinds import rds_network, rds_parameters, rds_password, rds_settings, rds_sources
 from provisioner.kinds.contract import (
     FieldDiff,
     KindDescriptor,
@@ -56,6 +56,9 @@ class DatabaseSpec:
     parameters: tuple[tuple[str, str], ...] | None = None
     restore_from: rds_sources.RestoreFrom | None = None
     replica_of: str = ""
+    master_password: rds_password.PasswordSpec = dataclasses.field(
+        default_factory=rds_password.PasswordSpec
+    )
 
     @classmethod
     def parse(cls, spec: Mapping[str, Any]) -> DatabaseSpec:
@@ -83,6 +86,7 @@ class DatabaseSpec:
             parameters=rds_parameters.parse(spec),
             restore_from=rds_sources.RestoreFrom.parse(spec.get("restoreFrom")),
             replica_of=rds_sources.replica_of(spec),
+            master_password=rds_password.PasswordSpec.parse(spec),
         )
 
 
@@ -125,11 +129,12 @@ STORAGE_RETRY_SECONDS = 600.0
 DESCRIBE_PAGE = 100
 
 
-class RdsClient:
+class RdsClient(rds_password.KeptPassword):
     tags_on_create = True  # CreateDBInstance takes Tags
 
     def __init__(self, aws: Aws) -> None:
         self.aws = aws
+        self.handover = rds_password.Handover()
 
     def _rds(self, resource: Resource) -> Any:
         return self.aws.client("rds", resource.region, resource.account)
@@ -214,7 +219,7 @@ class RdsClient:
             DBInstanceClass=spec.instance_class,
             AllocatedStorage=spec.allocated_storage_gib,
             MasterUsername=spec.master_username,
-            MasterUserPassword=secrets["password"],
+            **rds_password.create_params(spec.master_password, secrets),
             MultiAZ=spec.multi_az,
             PubliclyAccessible=spec.publicly_accessible,
             BackupRetentionPeriod=spec.backup_retention_days,
@@ -256,6 +261,9 @@ class RdsClient:
         self, resource: Resource, instance: dict[str, Any], changes: dict[str, FieldDiff]
     ) -> None:
         rds = self._rds(resource)
+        switch = changes.pop(rds_password.FIELD, None)
+        if not changes and switch is None:
+            return
         spec = resource.spec
         versions = rds_settings.version_params(
             spec.engine, spec.allow_major_version_upgrade, changes.get("spec.engineVersion")
@@ -276,6 +284,7 @@ class RdsClient:
         if rds_sources.promoted(self.aws, rds, resource, instance, changes):
             return
         params = {MODIFY_PARAM[field]: diff.desired for field, diff in changes.items()}
+        handed = self.handover.prepare(resource.spec.master_password, switch, params)
         params.update(versions)
         try:
             self.aws.call(
@@ -284,6 +293,7 @@ class RdsClient:
                 ApplyImmediately=True,
                 **params,
             )
+            self.handover.made(resource.uid, handed, switch)
         except errors.TerminalError as exc:
             if "storage" in exc.message and "optimiz" in exc.message:
                 raise errors.RetryLaterError(
@@ -379,6 +389,7 @@ def _observation(
             "database": instance.get("DBName") or "",
             "engine": instance.get("Engine", ""),
             "arn": arn,
+            **rds_password.connection(instance),
         },
         status={
             "endpoint": f"{host}:{port}" if host else "",
@@ -387,6 +398,7 @@ def _observation(
             **rds_settings.encryption_status(instance),
             **rds_parameters.status(resource, parameters or {}),
             **rds_sources.status(resource, instance),
+            **rds_password.status(instance),
         },
         applying=_pending(instance),
         client_state={"instance": instance},
@@ -431,6 +443,7 @@ def _diffs(resource: Resource, instance: dict[str, Any]) -> list[FieldDiff]:
             continue
         diffs.append(FieldDiff(field, observed, desired))
     diffs += rds_network.security_group_diffs(resource, instance)
+    diffs += rds_password.diffs(resource.spec.master_password, instance)
     desired_tags = resource.desired_tags | rds_sources.kept_tags(instance)
     diffs += rds_sources.diffs(resource, instance)
     return diffs + tag_diffs(_tags(instance), desired_tags)
@@ -487,4 +500,6 @@ KIND = KindDescriptor(
     creating_states=frozenset({"", "creating"}),
     recorded_status=(rds_network.RECORD, *rds_parameters.RECORDED),
     requests={rds_parameters.REBOOT: rds_parameters.STATUS_REBOOT},
+    access_actions=rds_password.ACCESS,
+    access_arns=rds_password.access_arns,
 )

@@ -45,12 +45,15 @@ ACCESS_DISABLED = "AccessDisabled"
 ACCESS_NOT_SUPPORTED = "AccessNotSupported"
 SERVICE_ACCOUNT_NOT_FOUND = "ServiceAccountNotFound"
 OIDC_PROVIDER_NOT_FOUND = "OIDCProviderNotFound"
+# What a grant is on is not there yet (a database's master user secret while RDS makes it).
+ACCESS_PENDING = "AccessPending"
 ACCESS_REASONS = (
     ACCESS_CONFLICT,
     ACCESS_DISABLED,
     ACCESS_NOT_SUPPORTED,
     SERVICE_ACCOUNT_NOT_FOUND,
     OIDC_PROVIDER_NOT_FOUND,
+    ACCESS_PENDING,
 )
 # Drifted reasons
 DRIFT_REPORTED = "DriftReported"

@@ -190,7 +190,7 @@ def _check_lifted(kept: Mapping[str, Any], body: Mapping[str, Any]) -> None:
     """
     where = f"annotation {FIELDS_ANNOTATION}"
     try:
-        v1beta1_rules.check(kept, str(body.get("kind")))
+        v1beta1_rules.check(kept, str(body.get("kind")), _mapping(body.get("spec")))
     except v1beta1_rules.RuleError as exc:
         raise ConversionError(f"{where}: {exc}") from None
     spec = _mapping(body.get("spec"))

@@ -31,6 +31,7 @@ VALUES: dict[str, tuple[str, ...]] = {
         "engine",
         "arn",
         "uri",
+        "passwordSecretArn",
     ),
     "S3Bucket": ("bucket", "region", "arn", "endpoint", "kmsKeyId"),
     "Queue": ("queueUrl", "queueArn", "queueName", "region", "kmsKeyId"),
@@ -57,6 +58,11 @@ KEY_MESSAGE = "spec.connectionSecret.keys: a key is 1 to 253 of a-z, A-Z, 0-9, '
 CREDENTIAL_MESSAGE = (
     "spec.connectionSecret.keys: at least one template must name {{ .password }} or "
     "{{ .uri }}: the operator keeps the master password only in this Secret"
+)
+KEPT_MESSAGE = (
+    "spec.connectionSecret.keys: with spec.masterPassword.managedBy SecretsManager no template "
+    "may name {{ .password }} or {{ .uri }}: the password is in Secrets Manager "
+    "({{ .passwordSecretArn }} names the secret)"
 )
 IOPS_TYPE_MESSAGE = "spec.storage.iops needs spec.storage.type io1, io2 or gp3"
 TYPE_IOPS_MESSAGE = "spec.storage.type io1 and io2 need spec.storage.iops"
@@ -149,14 +155,25 @@ def _template_rule(kind: str) -> Cel:
     return Cel(text, template_message(kind), holds)
 
 
-def _credential_rule() -> Cel:
+def keeper_template_problem(kind: str, templates: Mapping[str, Any], kept: bool) -> str:
+    """The DatabaseInstance spec rules on templates and who keeps the master password (the
+    CRD's CEL rules on spec, v1beta1): "" when they hold, else the rule's message. `kept`:
+    Secrets Manager keeps the password, so no template may carry one; else one must."""
+    if kind != "DatabaseInstance" or not templates:
+        return ""
     pattern = re.compile(CREDENTIAL_PATTERN)
+    carries = any(isinstance(t, str) and pattern.search(t) for t in templates.values())
+    if kept and carries:
+        return KEPT_MESSAGE
+    if not kept and not carries:
+        return CREDENTIAL_MESSAGE
+    return ""
 
-    def holds(keys: Mapping[str, Any]) -> bool:
-        return not keys or any(isinstance(t, str) and pattern.search(t) for t in keys.values())
 
-    text = f"self.size() == 0 || self.exists(k, self[k].matches({_cel_string(CREDENTIAL_PATTERN)}))"
-    return Cel(text, CREDENTIAL_MESSAGE, holds)
+def kept_by_spec(spec: Mapping[str, Any]) -> bool:
+    """spec.masterPassword.managedBy is SecretsManager."""
+    keeper = spec.get("masterPassword")
+    return isinstance(keeper, Mapping) and keeper.get("managedBy") == "SecretsManager"
 
 
 IOPS_NEEDS_TYPE = Cel(
@@ -173,8 +190,6 @@ TYPE_NEEDS_IOPS = Cel(
 
 def connection_secret(kind: str) -> Schema:
     rules = [_key_rule(), _template_rule(kind)]
-    if kind == "DatabaseInstance":
-        rules.append(_credential_rule())
     return Schema(
         "object",
         properties={
@@ -207,14 +222,19 @@ LIFTED: dict[str, dict[str, Schema]] = {
 }
 
 
-def check(fields: Mapping[str, Any], kind: str) -> None:
+def check(fields: Mapping[str, Any], kind: str, spec: Mapping[str, Any] | None = None) -> None:
     """Raise RuleError with the rule's message when `fields` (spec fields by name, as the
-    annotation holds them) break a v1beta1 rule of `kind`."""
+    annotation holds them) break a v1beta1 rule of `kind`; `spec`: the rest of the spec,
+    for the rules on the spec as a whole."""
     known = LIFTED[kind]
     for name, value in fields.items():
         if name not in known:
             raise RuleError(_unknown("spec", name, known, "the annotation carries only"))
         _check(known[name], value, f"spec.{name}")
+    templates = (fields.get("connectionSecret") or {}).get("keys") or {}
+    problem = keeper_template_problem(kind, templates, kept_by_spec(spec or {}))
+    if problem:
+        raise RuleError(problem)
 
 
 def _check(schema: Schema, value: Any, path: str) -> None:

@@ -305,6 +305,7 @@ class Reconciler:
             if not obs.exists:
                 return readiness.creating(p)
         if obs.diffs and obs.available:
+            await self.secret.before_changes(p, client, obs)
             obs = await self.converge.apply_changes(p, client, obs)
         elif obs.available and cond.is_true(resource.status, cond.DRIFTED):
             p.conditions.append(cond.Condition(cond.DRIFTED, False, cond.NO_DRIFT))
@@ -321,5 +322,5 @@ class Reconciler:
         if waiting is not None:
             return waiting
         await self.secret.write(p, client, obs)
-        problem, retry = await self.grants.grant(p, obs.arn)
+        problem, retry = await self.grants.grant(p, p.kind.access_arns(resource, obs))
         return readiness.ready(p, obs, problem, retry)

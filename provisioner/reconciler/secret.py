@@ -15,7 +15,12 @@ from typing import Any
 from provisioner.aws import errors
 from provisioner.crashpoints import crashpoint
 from provisioner.kinds import registry as kinds
-from provisioner.kinds.contract import ExternalClient, Observation, PasswordClient
+from provisioner.kinds.contract import (
+    CloudKeptPasswordClient,
+    ExternalClient,
+    Observation,
+    PasswordClient,
+)
 from provisioner.kube.client import Kube, valid_name
 from provisioner.model import annotations as annotation_keys
 from provisioner.model import connection_secret, v1beta1_rules
@@ -44,7 +49,12 @@ class ConnectionSecret:
             connection_secret.needs_write(existing, resource, {})  # raises SecretConflict
         data = dict(obs.connection)
         password: str | None = None
-        if isinstance(client, PasswordClient):
+        if isinstance(client, CloudKeptPasswordClient) and client.cloud_keeps(resource, obs):
+            # The cloud keeps the password: the Secret says where (the kind's connection
+            # values), never what; a rotation is the cloud's, once it keeps one.
+            if not client.handing_to_cloud(resource, obs):
+                await self._rotate_kept(p, client)
+        elif isinstance(client, PasswordClient):
             stored = (
                 connection_secret.stored_password(
                     existing, resource.secret_keys, partial(client.with_password, data)
@@ -87,7 +97,10 @@ class ConnectionSecret:
         """The password the Secret holds: the one stored, the one this process created the
         database with, or a new one set in the cloud first."""
         resource = p.resource
-        password = stored or self.states.of(resource.uid).pending_password
+        handed_back = (
+            client.handed_back(resource) if isinstance(client, CloudKeptPasswordClient) else None
+        )
+        password = handed_back or stored or self.states.of(resource.uid).pending_password
         rotate = resource.rotation_pending
         if password and not rotate:
             return password
@@ -128,6 +141,23 @@ class ConnectionSecret:
                 "the operator can read yet"
             )
         return found
+
+    async def before_changes(self, p: Progress, client: ExternalClient, obs: Observation) -> None:
+        """Before changes that give the master password to the cloud (RDS then makes a new
+        one), the Secret stops carrying the one it holds: no Secret claims a password the
+        cloud no longer takes, even when the process dies right after the change."""
+        if isinstance(client, CloudKeptPasswordClient) and client.handing_to_cloud(p.resource, obs):
+            await self.write(p, client, obs)
+
+    async def _rotate_kept(self, p: Progress, client: CloudKeptPasswordClient) -> None:
+        """The rotation annotation, for a password the cloud keeps: the cloud rotates it."""
+        resource = p.resource
+        if not resource.rotation_pending:
+            return
+        await self.workers.write(resource.uid, client.rotate_kept, resource)
+        crashpoint("after-rotate-kept")
+        p.event("Normal", "PasswordChanged", "master password rotation asked of the cloud")
+        p.fields["lastPasswordRotation"] = resource.annotation(annotation_keys.ROTATE_PASSWORD_AT)
 
     async def _put(
         self, resource: Resource, existing: dict[str, Any] | None, body: dict[str, Any]

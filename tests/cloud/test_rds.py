@@ -63,7 +63,11 @@ def test_lifecycle(aws, rds, make_resource):
     assert conn["username"] == "app" and conn["database"] == "appdb"
     assert conn["engine"] == "postgres" and conn["port"] == "5432" and conn["host"]
     assert conn["arn"] == obs.arn and obs.arn.startswith("arn:aws:rds:")
-    assert obs.status == {"endpoint": f"{conn['host']}:5432", "pendingChanges": ""}
+    assert obs.status == {
+        "endpoint": f"{conn['host']}:5432",
+        "pendingChanges": "",
+        "masterUserSecret": None,  # the operator keeps the password: none to show
+    }
 
     before = CALLS.total()
     rds.update(res, obs, obs.diffs)  # up to date: no call at all

@@ -57,6 +57,7 @@ TEMPLATE_VALUES = {
         "engine",
         "arn",
         "uri",
+        "passwordSecretArn",
     ),
     "S3Bucket": ("bucket", "region", "arn", "endpoint", "kmsKeyId"),
     "Queue": ("queueUrl", "queueArn", "queueName", "region", "kmsKeyId"),
@@ -736,7 +737,7 @@ def test_the_crd_messages_are_the_ones_users_read() -> None:
         kind: [r.message for s in v1beta1_rules.LIFTED[kind].values() for r in all_rules(s)]
         for kind in KINDS
     }
-    assert messages[DB] == [KEY_MESSAGE, ONLY[DB], CREDENTIAL_MESSAGE, IOPS_TYPE, TYPE_IOPS]
+    assert messages[DB] == [KEY_MESSAGE, ONLY[DB], IOPS_TYPE, TYPE_IOPS]
     for kind in (BUCKET, QUEUE, TOPIC):
         assert messages[kind] == [KEY_MESSAGE, ONLY[kind]]
 

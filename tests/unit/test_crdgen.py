@@ -77,6 +77,11 @@ def _without_changes(version: dict[str, Any]) -> dict[str, Any]:
     schema["x-kubernetes-validations"] = [
         r for r in schema["x-kubernetes-validations"] if "connection" not in r["rule"]
     ]
+    spec = schema["properties"]["spec"]
+    # v1beta1's own rules on the spec as a whole (the templates and who keeps the password).
+    spec["x-kubernetes-validations"] = [
+        r for r in spec.get("x-kubernetes-validations") or [] if "connectionSecret" not in r["rule"]
+    ]
     for field in ("writeConnectionSecretToRef", "connectionSecret", "allocatedStorageGiB"):
         schema["properties"]["spec"]["properties"].pop(field, None)
     schema["properties"]["spec"]["properties"].pop("storage", None)
