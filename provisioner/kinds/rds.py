@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from provisioner.aws import errors
@@ -18,107 +16,19 @@ from provisioner.kinds.contract import (
     KindDescriptor,
     Observation,
     OwnedResource,
-    adoptable_by,
-    owner_of,
 )
-from provisioner.kinds.tagging import tag_changes, tag_diffs
+from provisioner.kinds.rds_instance import (
+    MODIFY_PARAM,
+    DatabaseSpec,
+    observation,
+    tags_of,
+)
+from provisioner.kinds.tagging import tag_changes
 from provisioner.model import naming
 from provisioner.model.account import AccountRef
 from provisioner.model.connection_secret import database_uri
 from provisioner.model.resource import Resource
 
-
-@dataclass(frozen=True)
-class DatabaseSpec:
-    engine: str
-    instance_class: str
-    allocated_storage_gib: int = 20
-    storage_type: str | None = None
-    iops: int | None = None
-    engine_version: str | None = None
-    master_username: str = "app"
-    database_name: str | None = None
-    port: int | None = None
-    multi_az: bool = False
-    publicly_accessible: bool = False
-    backup_retention_days: int = 7
-    instance_identifier: str | None = None
-    network: rds_network.NetworkSpec = dataclasses.field(default_factory=rds_network.NetworkSpec)
-    encryption: rds_settings.EncryptionSpec = dataclasses.field(
-        default_factory=rds_settings.EncryptionSpec
-    )
-    deletion_protection: bool = False
-    maintenance_window: str | None = None
-    backup_window: str | None = None
-    auto_minor_version_upgrade: bool | None = None
-    allow_major_version_upgrade: bool = False
-    # spec.parameters (provisioner/kinds/rds_parameters.py); None: the engine's defaults.
-    parameters: tuple[tuple[str, str], ...] | None = None
-    restore_from: rds_sources.RestoreFrom | None = None
-    replica_of: str = ""
-    master_password: rds_password.PasswordSpec = dataclasses.field(
-        default_factory=rds_password.PasswordSpec
-    )
-
-    @classmethod
-    def parse(cls, spec: Mapping[str, Any]) -> DatabaseSpec:
-        return cls(
-            instance_identifier=spec.get("instanceIdentifier") or None,
-            engine=spec["engine"],
-            instance_class=spec["instanceClass"],
-            allocated_storage_gib=int((spec.get("storage") or {}).get("sizeGiB", 20)),
-            storage_type=(spec.get("storage") or {}).get("type") or None,
-            iops=int(iops) if (iops := (spec.get("storage") or {}).get("iops")) else None,
-            engine_version=spec.get("engineVersion") or None,
-            master_username=spec.get("masterUsername", "app"),
-            database_name=spec.get("databaseName") or None,
-            port=int(spec["port"]) if spec.get("port") is not None else None,
-            multi_az=bool(spec.get("multiAZ", False)),
-            publicly_accessible=bool(spec.get("publiclyAccessible", False)),
-            backup_retention_days=int(spec.get("backupRetentionDays", 7)),
-            network=rds_network.NetworkSpec.parse(spec.get("network")),
-            encryption=rds_settings.EncryptionSpec.parse(spec.get("encryption")),
-            deletion_protection=bool(spec.get("deletionProtection", False)),
-            maintenance_window=spec.get("maintenanceWindow") or None,
-            backup_window=spec.get("backupWindow") or None,
-            auto_minor_version_upgrade=spec.get("autoMinorVersionUpgrade"),
-            allow_major_version_upgrade=bool(spec.get("allowMajorVersionUpgrade", False)),
-            parameters=rds_parameters.parse(spec),
-            restore_from=rds_sources.RestoreFrom.parse(spec.get("restoreFrom")),
-            replica_of=rds_sources.replica_of(spec),
-            master_password=rds_password.PasswordSpec.parse(spec),
-        )
-
-
-# Mutable spec fields: (contract field, spec attribute, DescribeDBInstances key).
-# A spec value of None means "whatever the cloud chose".
-MUTABLE = (
-    ("spec.instanceClass", "instance_class", "DBInstanceClass"),
-    ("spec.storage.sizeGiB", "allocated_storage_gib", "AllocatedStorage"),
-    ("spec.storage.type", "storage_type", "StorageType"),
-    ("spec.storage.iops", "iops", "Iops"),
-    ("spec.engineVersion", "engine_version", "EngineVersion"),
-    ("spec.port", "port", "Port"),
-    ("spec.multiAZ", "multi_az", "MultiAZ"),
-    ("spec.publiclyAccessible", "publicly_accessible", "PubliclyAccessible"),
-    ("spec.backupRetentionDays", "backup_retention_days", "BackupRetentionPeriod"),
-    ("spec.deletionProtection", "deletion_protection", "DeletionProtection"),
-    ("spec.maintenanceWindow", "maintenance_window", "PreferredMaintenanceWindow"),
-    ("spec.backupWindow", "backup_window", "PreferredBackupWindow"),
-    ("spec.autoMinorVersionUpgrade", "auto_minor_version_upgrade", "AutoMinorVersionUpgrade"),
-)
-# ModifyDBInstance takes the DescribeDBInstances names, except for the port and security groups.
-MODIFY_PARAM = {field: key for field, _, key in MUTABLE} | {
-    "spec.port": "DBPortNumber",
-    rds_network.SECURITY_GROUPS_FIELD: "VpcSecurityGroupIds",
-}
-
-# States in which the instance exists and serves connections (Ready stays True);
-# "configuring-*" states count too.
-USABLE_STATES = set(
-    "available modifying backing-up upgrading rebooting storage-optimization "
-    "resetting-master-credentials".split()
-)
 # After a storage change AWS refuses the next one "for six (6) hours or until storage
 # optimization has completed on the instance, whichever is longer"
 # (https://docs.aws.amazon.com/AmazonRDS/latest/UserGuide/USER_PIOPS.StorageTypes.html).
@@ -156,7 +66,7 @@ class RdsClient(rds_password.KeptPassword):
                 },
             )
         instance = found["DBInstances"][0]
-        return _observation(
+        return observation(
             resource, instance, rds_parameters.read(self.aws, rds, resource, instance)
         )
 
@@ -183,7 +93,7 @@ class RdsClient(rds_password.KeptPassword):
         return found
 
     def observed(self, resource: Resource, described: Any) -> Observation:
-        return _observation(
+        return observation(
             resource, described, rds_parameters.read(None, None, resource, described)
         )
 
@@ -211,7 +121,7 @@ class RdsClient(rds_password.KeptPassword):
             # connection Secret stage sets a new one (or, for a replica, takes the source's).
             secrets.pop("password", None)
             made = rds_sources.Sources(self.aws, rds).made_from(resource, optional)
-            return rds_parameters.after_create(resource, _observation(resource, made))
+            return rds_parameters.after_create(resource, observation(resource, made))
         created = self.aws.call(
             rds.create_db_instance,
             DBInstanceIdentifier=resource.external_name,
@@ -233,7 +143,7 @@ class RdsClient(rds_password.KeptPassword):
         created.setdefault(
             "TagList", [{"Key": k, "Value": v} for k, v in resource.desired_tags.items()]
         )
-        return rds_parameters.after_create(resource, _observation(resource, created))
+        return rds_parameters.after_create(resource, observation(resource, created))
 
     def update(self, resource: Resource, observation: Observation, diffs: list[FieldDiff]) -> None:
         instance = observation.client_state["instance"]
@@ -241,7 +151,7 @@ class RdsClient(rds_password.KeptPassword):
         tags = changes.pop("tags", None)
         rds = self._rds(resource)
         if tags is not None:
-            to_set, to_remove = tag_changes(_tags(instance), tags.desired)
+            to_set, to_remove = tag_changes(tags_of(instance), tags.desired)
             arn = instance["DBInstanceArn"]
             if to_set:
                 pairs = [{"Key": k, "Value": v} for k, v in to_set.items()]
@@ -366,94 +276,11 @@ class RdsClient(rds_password.KeptPassword):
         )
 
 
-def _observation(
-    resource: Resource, instance: dict[str, Any], parameters: Mapping[str, Any] | None = None
-) -> Observation:
-    state = instance.get("DBInstanceStatus", "")
-    endpoint = instance.get("Endpoint") or {}
-    host, port = endpoint.get("Address", ""), str(endpoint.get("Port", ""))
-    arn = instance.get("DBInstanceArn", "")
-    return Observation(
-        exists=True,
-        owner_uid=owner_of(_tags(instance)),
-        adoptable_by=adoptable_by(_tags(instance)),
-        available=state in USABLE_STATES or state.startswith("configuring-"),
-        deleting=state == "deleting",
-        state=state,
-        arn=arn,
-        diffs=_diffs(resource, instance) + rds_parameters.diffs(resource, parameters or {}),
-        connection={
-            "host": host,
-            "port": port,
-            "username": instance.get("MasterUsername", ""),
-            "database": instance.get("DBName") or "",
-            "engine": instance.get("Engine", ""),
-            "arn": arn,
-            **rds_password.connection(instance),
-        },
-        status={
-            "endpoint": f"{host}:{port}" if host else "",
-            "pendingChanges": _pending(instance),
-            rds_network.RECORD: rds_network.recorded(resource, instance),
-            **rds_settings.encryption_status(instance),
-            **rds_parameters.status(resource, parameters or {}),
-            **rds_sources.status(resource, instance),
-            **rds_password.status(instance),
-        },
-        applying=_pending(instance),
-        client_state={"instance": instance},
-    )
-
-
-def _pending(instance: dict[str, Any]) -> str:
-    """The modifications the cloud accepted and has not applied yet ("" when none)."""
-    pending = instance.get("PendingModifiedValues") or {}
-    return ", ".join(f"{k}={v}" for k, v in sorted(pending.items()) if k != "MasterUserPassword")
-
-
-def _tags(instance: dict[str, Any]) -> dict[str, str]:
-    return {tag["Key"]: tag["Value"] for tag in instance.get("TagList") or []}
-
-
-def _current(instance: dict[str, Any]) -> dict[str, Any]:
-    """The instance's values, pending modifications counted as already applied."""
-    current = {key: instance.get(key) for _, _, key in MUTABLE}
-    current["Port"] = (instance.get("Endpoint") or {}).get("Port")
-    pending = instance.get("PendingModifiedValues") or {}
-    current.update({key: pending[key] for key in current if key in pending})
-    return current
-
-
-def _same(field: str, observed: object, desired: object) -> bool:
-    if (same := rds_settings.same(field, observed, desired)) is not None:
-        return same
-    if field == "spec.engineVersion":
-        # "15" asks for any 15.x: the cloud picks the minor version.
-        return str(observed) == desired or str(observed).startswith(f"{desired}.")
-    return observed == desired
-
-
-def _diffs(resource: Resource, instance: dict[str, Any]) -> list[FieldDiff]:
-    current = _current(instance)
-    diffs = []
-    for field, attr, key in MUTABLE:
-        desired, observed = getattr(resource.spec, attr), current[key]
-        # Skip what the spec leaves to the cloud and what the cloud does not report yet.
-        if desired is None or observed is None or _same(field, observed, desired):
-            continue
-        diffs.append(FieldDiff(field, observed, desired))
-    diffs += rds_network.security_group_diffs(resource, instance)
-    diffs += rds_password.diffs(resource.spec.master_password, instance)
-    desired_tags = resource.desired_tags | rds_sources.kept_tags(instance)
-    diffs += rds_sources.diffs(resource, instance)
-    return diffs + tag_diffs(_tags(instance), desired_tags)
-
-
 def list_instances(aws: Aws, region: str) -> Iterator[OwnedResource]:
     rds = aws.client("rds", region)
     for page in rds.get_paginator("describe_db_instances").paginate():
         for db in page.get("DBInstances", []):
-            yield OwnedResource(KIND.kind, db["DBInstanceIdentifier"], _tags(db))
+            yield OwnedResource(KIND.kind, db["DBInstanceIdentifier"], tags_of(db))
     yield from rds_network.list_subnet_groups(aws, region)
 
 

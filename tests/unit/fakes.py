@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from provisioner.aws import errors
-from provisioner.kinds import rds, s3, sqs
+from provisioner.kinds import rds_instance, s3, sqs
 from provisioner.kinds.contract import ADOPTABLE_BY_TAG, FieldDiff, Observation
 from provisioner.kinds.tagging import tag_diffs
 from provisioner.kube.client import KubeError
@@ -26,7 +26,7 @@ from provisioner.model.resource import OWNER_UID_TAG, Resource
 SPEC_FIELDS: dict[str, dict[str, str]] = {
     "Queue": {name: attr for name, attr, _ in sqs.ATTRIBUTES},
     "S3Bucket": {name: attr for name, (attr, _) in s3.FIELDS.items()},
-    "DatabaseInstance": {name: attr for name, attr, _ in rds.MUTABLE},
+    "DatabaseInstance": {name: attr for name, attr, _ in rds_instance.MUTABLE},
 }
 
 # A scripted failure: an exception, or a function of the call's arguments that returns one.

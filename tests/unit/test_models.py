@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from provisioner.kinds import registry as kinds
-from provisioner.kinds.rds import DatabaseSpec
+from provisioner.kinds.rds_instance import DatabaseSpec
 from provisioner.kinds.s3 import BucketSpec
 from provisioner.kinds.sqs import QueueSpec
 from provisioner.model import naming
