@@ -327,6 +327,14 @@ class Sources:
     def replicate(self, resource: Resource, common: dict[str, Any]) -> dict[str, Any]:
         """Create the read replica `spec.replicaOf` asks for; its description."""
         ident = _source_identifier(resource, REPLICA_SOURCE)
+        source = self.aws.call(self.rds.describe_db_instances, DBInstanceIdentifier=ident)
+        if any(found.get("MasterUserSecret") for found in source.get("DBInstances") or []):
+            raise errors.TerminalError(
+                f"spec.replicaOf: {ident} keeps its master password in Secrets Manager, and RDS "
+                "makes no read replica of such an instance (https://docs.aws.amazon.com/AmazonRDS/"
+                "latest/UserGuide/rds-secrets-manager.html#rds-secrets-manager-limitations)",
+                "InvalidParameterCombination",
+            )
         tags = {**resource.desired_tags, REPLICA_OF_TAG: ident}
         return dict(
             self.aws.call(

@@ -231,3 +231,16 @@ def test_an_instance_made_before_copy_tags_still_leaves_a_tagged_final_snapshot(
     tags = _tags(aws, snapshot["DBSnapshotArn"])
     assert tags["provisioner.dev/name"] == "older"
     assert tags["provisioner.dev/namespace"] == "team-a"
+
+
+def test_no_replica_of_an_instance_whose_password_secrets_manager_keeps(aws, rds, make_resource):
+    """RDS makes no read replica of such an instance: refused naming it, nothing made."""
+    kept = {**SPEC, "masterPassword": {"managedBy": "SecretsManager"}}
+    source = make_resource("DatabaseInstance", kept, name="kept")
+    rds.create(source, {})
+    replica = make_resource("DatabaseInstance", {**SPEC, "replicaOf": {"name": "kept"}})
+    arn = rds.observe(source).arn
+    replica = dataclasses.replace(replica, resolved={rds_sources.REPLICA_SOURCE: arn})
+    with pytest.raises(errors.TerminalError, match="keeps its master password in Secrets Manager"):
+        rds.create(replica, {"password": "x" * 24})
+    assert not rds.observe(replica).exists

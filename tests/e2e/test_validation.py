@@ -6,6 +6,7 @@ installed, the way a user would meet these rules; no operator needs to run.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -345,3 +346,34 @@ def test_snapshot_is_the_database_default_deletion_policy(kube: Any, namespace: 
         "get", "dbi", "snap", "-n", namespace, "-o", "jsonpath={.spec.deletionPolicy}"
     )
     assert got.stdout.strip() == "Snapshot"
+
+
+PRODUCTION = EXAMPLES / "production" / "database.yaml"
+
+
+def test_the_production_database_example_applies(kube: Any, namespace: str) -> None:
+    """examples/production/ is apart from examples/ (which `make demo` applies and shows Ready):
+    its subnet group, security group and key are the reader's to fill in."""
+    result = kube.kubectl("apply", "-n", namespace, "-f", str(PRODUCTION), check=False)
+    try:
+        assert result.returncode == 0, result.stderr
+        shown = kube.kubectl("get", "dbi", "orders-prod", "-n", namespace, "-o", "json")
+        got = json.loads(shown.stdout)["spec"]
+        assert got["encryption"] == {"enabled": True, "kmsKeyId": "alias/rds-prod"}
+        assert got["masterPassword"] == {"managedBy": "SecretsManager"}
+        assert got["deletionProtection"] is True
+        assert got["network"]["subnetGroupName"] == "private-db"
+    finally:
+        # Protected from deletion: turned off, as the example's comment says, so that the
+        # namespace goes.
+        kube.kubectl(
+            "patch",
+            "dbi",
+            "orders-prod",
+            "-n",
+            namespace,
+            "--type=merge",
+            "-p",
+            '{"spec":{"deletionProtection":false}}',
+            check=False,
+        )
