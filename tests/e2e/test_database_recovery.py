@@ -11,6 +11,7 @@ import uuid
 import pytest
 
 from tests.e2e.test_awslike import RDS_SCALE, aws_like, external_name, ready  # noqa: F401
+from tests.e2e.test_database_password import client
 from tests.e2e.test_day2 import last_password_sent
 from tests.helpers import (
     apply,
@@ -425,3 +426,43 @@ def test_replica_promotion_and_restore_follow_the_clouds_states(
     kube.kubectl("delete", "dbi", "back", "copy", "-n", own_namespace, "--wait=false")
     wait_gone(kube, "dbi", own_namespace, "back", timeout=120)
     wait_gone(kube, "dbi", own_namespace, "copy", timeout=120)
+
+
+def test_a_restore_whose_password_secrets_manager_keeps_and_a_replica_of_it_refused(
+    kube, operator, aws, namespace
+):
+    """Restored with `masterPassword.managedBy: SecretsManager`: the restore's answer is
+    switched to Secrets Manager as the first change, and no Secret ever holds a password.
+    A replica of it is refused before anything is made (RDS makes none)."""
+    apply(
+        kube, namespace, db("ledger").replace("deletionPolicy: Delete", "deletionPolicy: Snapshot")
+    )
+    wait_ready(kube, "dbi", namespace, "ledger")
+    delete(kube, namespace, "ledger")
+    kept = "  masterPassword: {managedBy: SecretsManager}\n"
+    restore = "  restoreFrom: {finalSnapshotOf: {name: ledger}}\n"
+    apply(kube, namespace, db("ledger-back", restore + kept))
+
+    def kept_by_secrets_manager() -> dict | None:
+        cr = get(kube, "dbi", namespace, "ledger-back") or {}
+        arn = ((cr.get("status") or {}).get("masterUserSecret") or {}).get("arn")
+        ready = condition(cr, "Ready") or {}
+        return cr if arn and ready.get("status") == "True" else None
+
+    back = wait_for(kept_by_secrets_manager, timeout=180, what="a restore kept by Secrets Manager")
+    data = secret_data(kube, namespace, "ledger-back-connection")
+    assert "password" not in data and "uri" not in data
+    assert data["passwordSecretArn"] == back["status"]["masterUserSecret"]["arn"]
+    secrets = client(aws, "secretsmanager")
+    secret = secrets.get_secret_value(SecretId=data["passwordSecretArn"])
+    assert json.loads(secret["SecretString"])["password"]
+
+    apply(kube, namespace, db("ledger-replica", "  replicaOf: {name: ledger-back}\n"))
+    refused = wait_condition(
+        kube, "dbi", namespace, "ledger-replica", "Synced", "False", "InvalidSpec"
+    )
+    assert "keeps its master password in Secrets Manager" in condition(refused, "Synced")["message"]
+    replica_id = refused["status"].get("externalName") or ""
+    assert not replica_id or instance(aws, replica_id) is None
+    delete(kube, namespace, "ledger-replica")
+    delete(kube, namespace, "ledger-back")
