@@ -67,6 +67,9 @@ def test_lifecycle(aws, rds, make_resource):
         "endpoint": f"{conn['host']}:5432",
         "pendingChanges": "",
         "masterUserSecret": None,  # the operator keeps the password: none to show
+        "storageEncrypted": True,  # encrypted unless the spec says otherwise
+        "kmsKeyId": obs.status["kmsKeyId"],  # RDS's default key (moto names it so)
+        "subnetGroup": None,  # none made: the spec names no subnets
     }
 
     before = CALLS.total()
@@ -80,6 +83,7 @@ def test_lifecycle(aws, rds, make_resource):
             instance_class="db.t3.small",
             allocated_storage_gib=30,
             engine_version="16.3",
+            allow_major_version_upgrade=True,  # 15 -> 16
             multi_az=True,
             publicly_accessible=True,
             backup_retention_days=3,
