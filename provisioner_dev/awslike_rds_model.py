@@ -147,11 +147,12 @@ class RdsModel:
         self.parameters.booted(key, create_done)
 
     def rebooted(self, key: tuple[str, str, str], now: float) -> None:
-        """`rebooting`, then `available` with static parameters applied."""
+        """`rebooting`, then `available` with the static parameters of the reboot's start
+        applied: one changed while it reboots waits for the next reboot."""
         until = now + self.draw("rds.reboot")
         db = self.instances.setdefault(key, DbInstance())
         db.modification = Modification(until=until, status="rebooting", old={}, pending={})
-        self.parameters.booted(key, until)
+        self.parameters.booted(key, now)
 
     def promoting(self, key: tuple[str, str, str], now: float) -> None:
         db = self.instances.setdefault(key, DbInstance())
