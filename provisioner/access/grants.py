@@ -98,10 +98,10 @@ class Access:
             if e.get("serviceAccountName")
         }
 
-    async def converge(self, resource: Resource, arn: str | Sequence[str]) -> Outcome | None:
+    async def converge(self, resource: Resource, arns: Sequence[str]) -> Outcome | None:
         """Grant what `spec.access` asks, revoke what it no longer does; None when the
-        resource has no grants at all (nothing is called). `arn`: the resource's ARN, or the
-        ARNs its kind grants on (none yet: the grants wait, AccessPending)."""
+        resource has no grants at all (nothing is called). `arns`: what its kind grants on (none
+        yet: the grants wait, AccessPending)."""
         desired = dict(resource.access)
         held = self.held(resource)
         if not desired and not held:
@@ -117,12 +117,12 @@ class Access:
             outcome.events.append(revoked(sa))
         problems: list[Refused] = []
         for sa, level in desired.items():
-            if not arn:
+            if not arns:
                 problems.append(Refused(cond.ACCESS_PENDING, _nothing_yet(resource, sa)))
                 continue
             async with self._lock(resource, sa):
                 try:
-                    changed = await self._grant(resource, sa, level, arn, held)
+                    changed = await self._grant(resource, sa, level, arns, held)
                 except Refused as refused:
                     problems.append(refused)  # what is held for it stays: ours to revoke
                     continue
@@ -172,7 +172,7 @@ class Access:
         resource: Resource,
         sa: str,
         level: str,
-        arn: str | Sequence[str],
+        arns: Sequence[str],
         held: dict[str, dict[str, str]],
     ) -> bool:
         """Make one grant (its entry in `held` and status.access first); whether anything
@@ -187,7 +187,7 @@ class Access:
             await self._record(resource, held)
         # 3. The role, its policy, then the annotation or the association.
         role_written = await grant.make_role()
-        policy_written = await grant.put_policy(arn)
+        policy_written = await grant.put_policy(arns)
         bound = await grant.bind()
         return role_written or policy_written or bound
 
@@ -363,11 +363,11 @@ class Grant:
             return True
         return False
 
-    async def put_policy(self, arn: str | Sequence[str]) -> bool:
-        """The role's policy for the resource `arn`, unless it is already so; whether it
+    async def put_policy(self, arns: Sequence[str]) -> bool:
+        """The role's policy on `arns`, unless it is already so; whether it
         was written."""
         resource, in_thread = self.resource, self.access.in_thread
-        document = iam.permission_policy(kinds.descriptor(resource.kind), self.level, arn)
+        document = iam.permission_policy(kinds.descriptor(resource.kind), self.level, arns)
         policy = iam.policy_name(resource.kind, resource.name, resource.uid)
         if await in_thread(self.client.get_policy, self.account, self.name, policy) == document:
             return False

@@ -98,32 +98,59 @@ def role_tags(cluster_id: str, namespace: str, service_account: str) -> dict[str
 
 
 def permission_policy(
-    descriptor: KindDescriptor, level: str, arn: str | Sequence[str]
+    descriptor: KindDescriptor, level: str, arns: Sequence[str]
 ) -> dict[str, Any]:
     """The inline policy of one grant: the level's actions on the resource's ARNs only.
 
-    `arn` is the resource's ARN, or the ARNs the kind grants on (`access_arns`); when those
-    belong to several services (a secret and its KMS key), each service's actions get a
-    statement of their own on that service's ARNs only, and a service without an ARN gets
-    none."""
-    arns = [arn] if isinstance(arn, str) else list(arn)
+    `arns` are what the kind grants on (`access_arns`: the resource's own ARN, or a
+    database's master user secret and its KMS key). When they belong to several services,
+    each service's actions get a statement of their own on that service's ARNs only, and a
+    service without an ARN gets none. A KMS key granted beside another service's resources
+    decrypts only through that service and only for those resources (`_through`): the key
+    is named in the spec, and may be another team's."""
     resources = [r for a in arns for r in descriptor.access_resources(a)]
     actions = list(descriptor.access_actions[level])
     services = sorted({_service(r) for r in resources})
     if len(services) <= 1:
         named = [a for a in actions if not services or a.split(":")[0] == services[0]]
-        statements = [_statement("ProvisionerAccess", named or actions, resources)]
-    else:
-        statements = [
-            _statement(
-                f"ProvisionerAccess{service.capitalize()}",
-                [a for a in actions if a.split(":")[0] == service],
-                [r for r in resources if _service(r) == service],
-            )
-            for service in services
-            if any(a.split(":")[0] == service for a in actions)
-        ]
+        return {
+            "Version": "2012-10-17",
+            "Statement": [_statement("ProvisionerAccess", named or actions, resources)],
+        }
+    statements = []
+    for service in services:
+        chosen = [a for a in actions if a.split(":")[0] == service]
+        if not chosen:
+            continue
+        own = [r for r in resources if _service(r) == service]
+        statement = _statement(f"ProvisionerAccess{service.capitalize()}", chosen, own)
+        if service == "kms":
+            others = [r for r in resources if _service(r) != "kms"]
+            statement["Condition"] = _through(others, own)
+        statements.append(statement)
     return {"Version": "2012-10-17", "Statement": statements}
+
+
+# The encryption context a service puts on its KMS calls, naming the resource they are for
+# (Secrets Manager: "SecretARN", https://docs.aws.amazon.com/secretsmanager/latest/userguide/
+# security-encryption.html#security-encryption-encryption-context).
+ENCRYPTION_CONTEXT = {"secretsmanager": "SecretARN"}
+
+
+def _through(resources: list[str], keys: list[str]) -> dict[str, Any]:
+    """The condition of a key's statement: used by the service of `resources` on the key's
+    region's endpoint (`kms:ViaService`), for those resources (their encryption context)."""
+    services = sorted({_service(r) for r in resources})
+    regions = sorted({k.split(":")[3] for k in keys if len(k.split(":")) > 3})
+    equals: dict[str, Any] = {
+        "kms:ViaService": [f"{s}.{r}.amazonaws.com" for s in services for r in regions]
+    }
+    for service in services:
+        if service in ENCRYPTION_CONTEXT:
+            equals[f"kms:EncryptionContext:{ENCRYPTION_CONTEXT[service]}"] = [
+                r for r in resources if _service(r) == service
+            ]
+    return {"StringEquals": equals}
 
 
 def _service(arn: str) -> str:

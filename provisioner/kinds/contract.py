@@ -247,6 +247,9 @@ class KindDescriptor:
     # what the kind grants instead (a database: its master user secret and that secret's
     # KMS key); [] while there is nothing to grant on yet.
     access_arns: Callable[[Resource, Observation], list[str]] = lambda resource, obs: [obs.arn]
+    # Whether the spec protects the resource from deletion (RDS: spec.deletionProtection):
+    # the finalizer then holds whatever the deletion policy, until the spec says otherwise.
+    deletion_protected: Callable[[Any], bool] = lambda spec: False
     # `Observation.status` fields that record what `update` and `delete` make beyond the
     # resource itself (a bucket's statements in the policies of its notification targets).
     # The reconciler writes them to status right before those calls whenever they differ

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -23,7 +22,7 @@ from provisioner.kinds.rds_instance import (
     observation,
     tags_of,
 )
-from provisioner.kinds.tagging import tag_changes
+from provisioner.kinds.tagging import tag_changes, tag_pairs
 from provisioner.model import naming
 from provisioner.model.account import AccountRef
 from provisioner.model.connection_secret import database_uri
@@ -135,14 +134,12 @@ class RdsClient(rds_password.KeptPassword):
             BackupRetentionPeriod=spec.backup_retention_days,
             DeletionProtection=spec.deletion_protection,
             CopyTagsToSnapshot=True,  # final snapshots carry the ownership tags
-            Tags=[{"Key": k, "Value": v} for k, v in resource.desired_tags.items()],
+            Tags=tag_pairs(resource.desired_tags),
             **spec.encryption.create_params(),
             **{k: v for k, v in optional.items() if v is not None},
         )["DBInstance"]
         # Its answer describes the new instance (`creating`), tagged as asked.
-        created.setdefault(
-            "TagList", [{"Key": k, "Value": v} for k, v in resource.desired_tags.items()]
-        )
+        created.setdefault("TagList", tag_pairs(resource.desired_tags))
         return rds_parameters.after_create(resource, observation(resource, created))
 
     def update(self, resource: Resource, observation: Observation, diffs: list[FieldDiff]) -> None:
@@ -154,8 +151,7 @@ class RdsClient(rds_password.KeptPassword):
             to_set, to_remove = tag_changes(tags_of(instance), tags.desired)
             arn = instance["DBInstanceArn"]
             if to_set:
-                pairs = [{"Key": k, "Value": v} for k, v in to_set.items()]
-                self.aws.call(rds.add_tags_to_resource, ResourceName=arn, Tags=pairs)
+                self.aws.call(rds.add_tags_to_resource, ResourceName=arn, Tags=tag_pairs(to_set))
             if to_remove:
                 self.aws.call(rds.remove_tags_from_resource, ResourceName=arn, TagKeys=to_remove)
         parameters = changes.pop(rds_parameters.FIELD, None)
@@ -277,11 +273,14 @@ class RdsClient(rds_password.KeptPassword):
 
 
 def list_instances(aws: Aws, region: str) -> Iterator[OwnedResource]:
+    """The instances, and what the operator makes beside them: DB subnet groups and DB
+    parameter groups (for `provisioner leaks`)."""
     rds = aws.client("rds", region)
     for page in rds.get_paginator("describe_db_instances").paginate():
         for db in page.get("DBInstances", []):
             yield OwnedResource(KIND.kind, db["DBInstanceIdentifier"], tags_of(db))
     yield from rds_network.list_subnet_groups(aws, region)
+    yield from rds_parameters.list_groups(aws, region)
 
 
 KIND = KindDescriptor(
@@ -298,9 +297,7 @@ KIND = KindDescriptor(
     client=RdsClient,
     dependencies=rds_sources.dependencies,
     describe_create=rds_sources.planned_create,
-    list_resources=lambda aws, region: itertools.chain(
-        list_instances(aws, region), rds_parameters.list_groups(aws, region)
-    ),
+    list_resources=list_instances,
     error_codes=ErrorCodes(
         not_found=frozenset(
             {
@@ -329,4 +326,5 @@ KIND = KindDescriptor(
     requests={rds_parameters.REBOOT: rds_parameters.STATUS_REBOOT},
     access_actions=rds_password.ACCESS,
     access_arns=rds_password.access_arns,
+    deletion_protected=lambda spec: spec.deletion_protection,
 )

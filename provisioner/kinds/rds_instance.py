@@ -12,7 +12,7 @@ from typing import Any
 
 from provisioner.kinds import rds_network, rds_parameters, rds_password, rds_settings, rds_sources
 from provisioner.kinds.contract import FieldDiff, Observation, adoptable_by, owner_of
-from provisioner.kinds.tagging import tag_diffs
+from provisioner.kinds.tagging import tag_diffs, tag_map
 from provisioner.model.resource import Resource
 
 
@@ -154,8 +154,8 @@ def _pending(instance: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(pending.items()) if k != "MasterUserPassword")
 
 
-def tags_of(instance: dict[str, Any]) -> dict[str, str]:
-    return {tag["Key"]: tag["Value"] for tag in instance.get("TagList") or []}
+def tags_of(instance: Mapping[str, Any]) -> dict[str, str]:
+    return tag_map(instance.get("TagList"))
 
 
 def _current(instance: dict[str, Any]) -> dict[str, Any]:

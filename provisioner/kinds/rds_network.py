@@ -20,6 +20,7 @@ from provisioner.aws import errors
 from provisioner.aws.session import Aws
 from provisioner.crashpoints import crashpoint
 from provisioner.kinds.contract import FieldDiff, OwnedResource, owner_of
+from provisioner.kinds.tagging import tag_map, tag_pairs
 from provisioner.model.resource import Resource
 
 SECURITY_GROUPS_FIELD = "spec.network.securityGroupIds"
@@ -179,7 +180,7 @@ class Network:
                     f"{resource.namespace}/{resource.name}"
                 ),
                 SubnetIds=list(resource.spec.network.subnet_ids),
-                Tags=[{"Key": k, "Value": v} for k, v in resource.desired_tags.items()],
+                Tags=tag_pairs(resource.desired_tags),
             )
         except errors.ConflictError:
             if self._owner(name) != resource.uid:
@@ -214,7 +215,7 @@ class Network:
             return None
         arn = found["DBSubnetGroups"][0].get("DBSubnetGroupArn", "")
         tags = self.aws.call(self.rds.list_tags_for_resource, ResourceName=arn)["TagList"]
-        return owner_of({t["Key"]: t["Value"] for t in tags})
+        return owner_of(tag_map(tags))
 
 
 def list_subnet_groups(aws: Aws, region: str) -> Iterator[OwnedResource]:
@@ -227,4 +228,4 @@ def list_subnet_groups(aws: Aws, region: str) -> Iterator[OwnedResource]:
                 continue
             arn = group.get("DBSubnetGroupArn", "")
             tags = aws.call(rds.list_tags_for_resource, ResourceName=arn)["TagList"]
-            yield OwnedResource(SUBNET_GROUP_KIND, name, {t["Key"]: t["Value"] for t in tags})
+            yield OwnedResource(SUBNET_GROUP_KIND, name, tag_map(tags))

@@ -27,7 +27,9 @@ from typing import Any
 from provisioner.aws import errors
 from provisioner.aws.session import Aws
 from provisioner.crashpoints import crashpoint
+from provisioner.kinds import rds_settings
 from provisioner.kinds.contract import FieldDiff, Observation, OwnedResource, owner_of
+from provisioner.kinds.tagging import tag_map, tag_pairs
 from provisioner.model import annotations as annotation_keys
 from provisioner.model import naming
 from provisioner.model.resource import Resource
@@ -75,11 +77,8 @@ def wanted(resource: Resource) -> bool:
 def family(engine: str, version: str) -> str:
     """The parameter group family of an engine version: postgres16, postgres9.6, mysql8.0,
     mariadb10.11 (https://docs.aws.amazon.com/AmazonRDS/latest/UserGuide/
-    USER_WorkingWithParamGroups.html)."""
-    parts = str(version).split(".")
-    if engine == "postgres" and parts[0].isdigit() and int(parts[0]) >= 10:
-        return f"postgres{parts[0]}"
-    return f"{engine}{'.'.join(parts[:2])}"
+    USER_WorkingWithParamGroups.html): the engine and its major version."""
+    return f"{engine}{rds_settings.major(engine, version)}"
 
 
 def default_family(aws: Aws, rds: Any, engine: str) -> str:
@@ -237,14 +236,13 @@ def ensure_group(aws: Aws, rds: Any, resource: Resource, family_name: str) -> st
     """Our group, made (tagged) when it does not exist; refused when someone else's has its
     name."""
     name = group_name(resource)
-    tags = [{"Key": k, "Value": v} for k, v in resource.desired_tags.items()]
     try:
         aws.call(
             rds.create_db_parameter_group,
             DBParameterGroupName=name,
             DBParameterGroupFamily=family_name,
             Description=f"provisioner: parameters of {resource.namespace}/{resource.name}",
-            Tags=tags,
+            Tags=tag_pairs(resource.desired_tags),
         )
         crashpoint("after-parameter-group")
         return name
@@ -266,7 +264,7 @@ def _owner(aws: Aws, rds: Any, name: str) -> str:
         )
     arn = groups[0]["DBParameterGroupArn"]
     tags = aws.call(rds.list_tags_for_resource, ResourceName=arn).get("TagList") or []
-    return owner_of({t["Key"]: t["Value"] for t in tags})
+    return owner_of(tag_map(tags))
 
 
 def write(
@@ -404,6 +402,6 @@ def list_groups(aws: Aws, region: str) -> Iterator[OwnedResource]:
         for group in page.get("DBParameterGroups", []):
             if group["DBParameterGroupName"].startswith(DEFAULT_PREFIX):
                 continue
-            tags = rds.list_tags_for_resource(ResourceName=group["DBParameterGroupArn"])
-            pairs = {t["Key"]: t["Value"] for t in tags.get("TagList") or []}
-            yield OwnedResource(KIND, group["DBParameterGroupName"], pairs)
+            arn = group["DBParameterGroupArn"]
+            tags = aws.call(rds.list_tags_for_resource, ResourceName=arn).get("TagList")
+            yield OwnedResource(KIND, group["DBParameterGroupName"], tag_map(tags))

@@ -39,6 +39,7 @@ from typing import Any
 from provisioner.aws import errors
 from provisioner.aws.session import Aws
 from provisioner.kinds.contract import ADOPTABLE_BY_TAG, FieldDiff
+from provisioner.kinds.tagging import tag_map, tag_pairs
 from provisioner.model.resource import CLUSTER_TAG, NAME_TAG, NAMESPACE_TAG, Dependency, Resource
 
 RESTORED_FROM_TAG = "provisioner.dev/restored-from"
@@ -117,14 +118,6 @@ def dependencies(spec: Any) -> list[Dependency]:
     return found
 
 
-def _tags(item: Mapping[str, Any]) -> dict[str, str]:
-    return {tag["Key"]: tag["Value"] for tag in item.get("TagList") or []}
-
-
-def _pairs(tags: Mapping[str, str]) -> list[dict[str, str]]:
-    return [{"Key": k, "Value": v} for k, v in tags.items()]
-
-
 def _source_identifier(resource: Resource, key: str) -> str:
     """The source's instance identifier from its ARN (arn:aws:rds:<region>:<account>:db:<id>);
     refused when it lives in another region."""
@@ -191,11 +184,11 @@ class Sources:
 
     def snapshot_tags(self, snapshot: Mapping[str, Any]) -> dict[str, str]:
         if "TagList" in snapshot:
-            return _tags(snapshot)
+            return tag_map(snapshot.get("TagList"))
         listed = self.aws.call(
             self.rds.list_tags_for_resource, ResourceName=snapshot["DBSnapshotArn"]
         )
-        return _tags(listed)
+        return tag_map(listed.get("TagList"))
 
     def named_snapshot(self, resource: Resource, name: str) -> str:
         try:
@@ -302,7 +295,7 @@ class Sources:
                     self.rds.restore_db_instance_to_point_in_time,
                     SourceDBInstanceIdentifier=ident,
                     TargetDBInstanceIdentifier=resource.external_name,
-                    Tags=_pairs(tags),
+                    Tags=tag_pairs(tags),
                     **when,
                     **common,
                 )["DBInstance"]
@@ -319,7 +312,7 @@ class Sources:
                 self.rds.restore_db_instance_from_db_snapshot,
                 DBInstanceIdentifier=resource.external_name,
                 DBSnapshotIdentifier=snapshot,
-                Tags=_pairs(tags),
+                Tags=tag_pairs(tags),
                 **common,
             )["DBInstance"]
         )
@@ -341,7 +334,7 @@ class Sources:
                 self.rds.create_db_instance_read_replica,
                 DBInstanceIdentifier=resource.external_name,
                 SourceDBInstanceIdentifier=ident,
-                Tags=_pairs(tags),
+                Tags=tag_pairs(tags),
                 **common,
             )["DBInstance"]
         )
@@ -384,7 +377,7 @@ def is_replica(instance: Mapping[str, Any]) -> bool:
     """A read replica the operator made, not promoted since: RDS names its source, and our tag
     is still on it (moto keeps naming the source after a promotion; AWS does not)."""
     source = instance.get("ReadReplicaSourceDBInstanceIdentifier")
-    return bool(source) and REPLICA_OF_TAG in _tags(instance)
+    return bool(source) and REPLICA_OF_TAG in tag_map(instance.get("TagList"))
 
 
 def promoted(
@@ -400,14 +393,14 @@ def promoted(
 
 def kept_tags(instance: Mapping[str, Any]) -> dict[str, str]:
     """The tags of ours the instance keeps whatever the spec says."""
-    tags = _tags(instance)
+    tags = tag_map(instance.get("TagList"))
     return {k: tags[k] for k in KEPT_TAGS if k in tags}
 
 
 def status(resource: Resource, instance: Mapping[str, Any]) -> dict[str, Any]:
     """status.restoredFrom and status.replicaOf, from the instance's tags and RDS's word; each
     left out when it has no value and status has none (None removes one status has)."""
-    restored = _tags(instance).get(RESTORED_FROM_TAG, "")
+    restored = tag_map(instance.get("TagList")).get(RESTORED_FROM_TAG, "")
     fields = dict(part.split("=", 1) for part in restored.split() if "=" in part)
     names = {
         "snapshot": "snapshotIdentifier",

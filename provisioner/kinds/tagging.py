@@ -30,7 +30,7 @@ that choice for a look, and says what the tags it goes by mean (`ObservedTags`);
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +47,16 @@ PAGE = 100
 
 # Tags AWS puts on resources itself; users cannot set or remove them.
 AWS_TAG_PREFIX = "aws:"
+
+
+def tag_map(pairs: Sequence[Mapping[str, str]] | None) -> dict[str, str]:
+    """Tags as the APIs list them ([{"Key": ..., "Value": ...}]), as a mapping."""
+    return {pair["Key"]: pair["Value"] for pair in pairs or ()}
+
+
+def tag_pairs(tags: Mapping[str, str]) -> list[dict[str, str]]:
+    """A mapping of tags as the APIs take them ([{"Key": ..., "Value": ...}])."""
+    return [{"Key": k, "Value": v} for k, v in tags.items()]
 
 
 def visible_tags(tags: dict[str, str]) -> dict[str, str]:

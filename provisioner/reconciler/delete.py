@@ -51,7 +51,7 @@ class Deletion:
             held = await self._held_by_pause(resource, retry, done)
             if held is not None:
                 return held
-        if getattr(resource.spec, "deletion_protection", False):
+        if kinds.descriptor(resource.kind).deletion_protected(resource.spec):
             return _protected(resource, retry)
         access = self.grants.held(resource)
         if resource.deletion_policy == "Retain" and access is None:

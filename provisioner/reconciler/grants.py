@@ -18,14 +18,12 @@ class Grants:
         # for some is told.
         self.access: Access | None = None
 
-    async def grant(
-        self, p: Progress, arn: str | Sequence[str]
-    ) -> tuple[cond.Condition | None, bool]:
+    async def grant(self, p: Progress, arns: Sequence[str]) -> tuple[cond.Condition | None, bool]:
         """The problem a grant waits on (None: none), and whether it may go away by itself
         (a ServiceAccount not created yet) rather than wait for people (a conflict)."""
         if self.access is None:
             return None, False
-        granted = await self.access.converge(p.resource, arn)
+        granted = await self.access.converge(p.resource, arns)
         if granted is None:
             return None, False
         p.fields["access"] = granted.entries

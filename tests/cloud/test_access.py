@@ -64,7 +64,7 @@ def test_pod_identity_grant_then_revoke(aws):
     granter, client, kube = access(aws)
     queue = granting("pi-a", ("worker", "write"))
     arn = "arn:aws:sqs:us-east-1:123456789012:pi-a-queue"
-    outcome = asyncio.run(granter.converge(queue, arn))
+    outcome = asyncio.run(granter.converge(queue, [arn]))
     assert outcome is not None and outcome.problem is None
     role = iam.role_name(CLUSTER, "pi-a", "worker")
     (entry,) = outcome.entries
@@ -84,11 +84,11 @@ def test_pod_identity_grant_then_revoke(aws):
     assert document["Statement"][0]["Resource"] == [arn]
     # Again: nothing to write.
     queue = dataclasses.replace(queue, status={"access": outcome.entries})
-    again = asyncio.run(granter.converge(queue, arn))
+    again = asyncio.run(granter.converge(queue, [arn]))
     assert again is not None and again.events == []
 
     gone = dataclasses.replace(queue, access=())
-    asyncio.run(granter.converge(gone, arn))
+    asyncio.run(granter.converge(gone, [arn]))
     assert client.made == {}
     listed = aws.client("iam").list_roles(PathPrefix=iam.ROLE_PATH)["Roles"]
     assert role not in [r["RoleName"] for r in listed]
@@ -97,7 +97,7 @@ def test_pod_identity_grant_then_revoke(aws):
 def test_pod_identity_association_with_another_role_is_left_alone(aws):
     granter, client, _ = access(aws)
     client.made[("prod", "pi-b", "web")] = Association("theirs", "arn:aws:iam::1:role/theirs")
-    outcome = asyncio.run(granter.converge(granting("pi-b", ("web", "read")), "arn:aws:sqs:::q"))
+    outcome = asyncio.run(granter.converge(granting("pi-b", ("web", "read")), ["arn:aws:sqs:::q"]))
     assert outcome is not None and outcome.problem is not None
     assert outcome.problem.reason == cond.ACCESS_CONFLICT
     assert "arn:aws:iam::1:role/theirs" in outcome.problem.message
@@ -113,7 +113,7 @@ def test_pod_identity_refuses_a_resource_in_another_account(aws):
         granting("pi-c", ("web", "read")),
         account=AccountRef("team-b", "222222222222", "arn:aws:iam::222222222222:role/p", ""),
     )
-    outcome = asyncio.run(granter.converge(elsewhere, "arn:aws:sqs:::q"))
+    outcome = asyncio.run(granter.converge(elsewhere, ["arn:aws:sqs:::q"]))
     assert outcome is not None and outcome.problem is not None
     assert outcome.problem.reason == cond.ACCESS_NOT_SUPPORTED
 
@@ -176,7 +176,7 @@ def test_an_irsa_grant_lives_in_the_cloud_account_of_its_resource(aws):
     role = iam.role_name(CLUSTER, "acc-b", "web")
     provider = "arn:aws:iam::222222222222:oidc-provider/oidc.eks.eu-west-1.amazonaws.com/id/TEAMB"
 
-    refused = asyncio.run(granter.converge(queue, arn))
+    refused = asyncio.run(granter.converge(queue, [arn]))
     assert refused is not None and refused.problem is not None
     assert refused.problem.reason == cond.OIDC_PROVIDER_NOT_FOUND
     assert provider in refused.problem.message
@@ -187,7 +187,7 @@ def test_an_irsa_grant_lives_in_the_cloud_account_of_its_resource(aws):
     team_b_iam.create_open_id_connect_provider(
         Url=issuer, ClientIDList=["sts.amazonaws.com"], ThumbprintList=["b" * 40]
     )
-    outcome = asyncio.run(granter.converge(queue, arn))
+    outcome = asyncio.run(granter.converge(queue, [arn]))
     assert outcome is not None and outcome.problem is None
     (entry,) = outcome.entries
     assert entry["roleArn"] == f"arn:aws:iam::222222222222:role/provisioner/{role}"

@@ -40,7 +40,7 @@ def test_each_level_holds_the_one_below_and_read_never_writes(kind):
 
 def test_a_bucket_policy_names_the_bucket_and_its_objects_only():
     s3 = next(k for k in GRANTING if k.kind == "S3Bucket")
-    doc = iam.permission_policy(s3, "read", "arn:aws:s3:::team-a-data-1234")
+    doc = iam.permission_policy(s3, "read", ["arn:aws:s3:::team-a-data-1234"])
     (statement,) = doc["Statement"]
     assert statement["Resource"] == [
         "arn:aws:s3:::team-a-data-1234",
@@ -53,7 +53,7 @@ def test_a_bucket_policy_names_the_bucket_and_its_objects_only():
 def test_a_queue_or_topic_policy_names_its_arn_only():
     for kind in (k for k in OWN if k.kind != "S3Bucket"):
         arn = f"arn:aws:{kind.service}:us-east-1:123456789012:q"
-        (statement,) = iam.permission_policy(kind, "admin", arn)["Statement"]
+        (statement,) = iam.permission_policy(kind, "admin", [arn])["Statement"]
         assert statement["Resource"] == [arn]
 
 

@@ -162,6 +162,22 @@ def test_a_named_key_gets_its_own_statement():
     assert len({s["Sid"] for s in statements}) == 2
 
 
+def test_the_named_key_decrypts_only_through_secrets_manager_for_that_secret():
+    """The key is the spec's and may be another team's: the grant must not decrypt what else
+    it encrypts."""
+    db = kinds.descriptor("DatabaseInstance")
+    r = resource({**MANAGED, "kmsKeyId": "alias/db"})
+    statements = iam.permission_policy(db, "read", db.access_arns(r, observed(True, KEY_ARN)))
+    key, secret = statements["Statement"]
+    assert key["Condition"] == {
+        "StringEquals": {
+            "kms:ViaService": ["secretsmanager.us-east-1.amazonaws.com"],
+            "kms:EncryptionContext:SecretARN": [SECRET_ARN],
+        }
+    }
+    assert "Condition" not in secret
+
+
 # -- templates and who keeps the password ----------------------------------------------------
 
 URI = {"DATABASE_URL": "{{ .uri }}"}
