@@ -11,6 +11,7 @@ import uuid
 import pytest
 
 from tests.e2e.test_awslike import RDS_SCALE, aws_like, external_name, ready  # noqa: F401
+from tests.e2e.test_database import describe
 from tests.e2e.test_database_password import client
 from tests.e2e.test_day2 import last_password_sent
 from tests.helpers import (
@@ -43,13 +44,6 @@ def db(name: str, extra: str = "", annotations: str = "") -> str:
     )
 
 
-def instance(aws, identifier: str) -> dict | None:
-    try:
-        return aws.rds.describe_db_instances(DBInstanceIdentifier=identifier)["DBInstances"][0]
-    except aws.rds.exceptions.DBInstanceNotFoundFault:
-        return None
-
-
 def delete(kube, namespace: str, name: str) -> None:
     kube.kubectl("delete", "dbi", name, "-n", namespace, "--wait=false")
     wait_gone(kube, "dbi", namespace, name, timeout=120)
@@ -74,7 +68,7 @@ def test_final_snapshot_of_a_deleted_database_restores_it_with_a_new_password(
         "snapshotIdentifier": snapshot,
     }
     identifier = back["status"]["externalName"]
-    assert instance(aws, identifier)["TagList"]
+    assert describe(aws, identifier)["TagList"]
     # A new password, set in the cloud, is the one the Secret holds; the snapshot's is gone.
     password = secret_data(kube, namespace, "orders-back-connection")["password"]
     assert password != old
@@ -87,7 +81,7 @@ def test_final_snapshot_of_a_deleted_database_restores_it_with_a_new_password(
     assert copy["status"]["restoredFrom"] == {"snapshotIdentifier": snapshot}
     delete(kube, namespace, "orders-back")
     delete(kube, namespace, "orders-copy")
-    assert instance(aws, identifier) is None
+    assert describe(aws, identifier) is None
 
 
 def test_a_snapshot_that_is_not_the_namespaces_is_refused_naming_it(kube, operator, aws, namespace):
@@ -192,7 +186,7 @@ def test_replica_has_the_sources_credentials_holds_its_source_and_is_promoted(
     reader = wait_ready(kube, "dbi", namespace, "reader", timeout=120)
     source_id = primary["status"]["externalName"]
     assert reader["status"]["replicaOf"] == source_id
-    replica = instance(aws, reader["status"]["externalName"])
+    replica = describe(aws, reader["status"]["externalName"])
     assert replica["ReadReplicaSourceDBInstanceIdentifier"] == source_id
     source_secret = secret_data(kube, namespace, "primary-connection")
     secret = secret_data(kube, namespace, "reader-connection")
@@ -213,7 +207,7 @@ def test_replica_has_the_sources_credentials_holds_its_source_and_is_promoted(
         what="the source's deletion to wait for its replica",
     )
     assert condition(held, "Ready")["reason"] == "Deleting"
-    assert instance(aws, source_id) is not None
+    assert describe(aws, source_id) is not None
 
     # Removing replicaOf promotes it: plan-only shows that first.
     kube.kubectl("annotate", "dbi", "reader", "-n", namespace, f"{PLAN_ONLY}=true")
@@ -229,7 +223,7 @@ def test_replica_has_the_sources_credentials_holds_its_source_and_is_promoted(
     )
     assert planned["action"] == "Update"
     assert [c["field"] for c in planned["changes"]] == ["spec.replicaOf"]
-    still = instance(aws, reader["status"]["externalName"])
+    still = describe(aws, reader["status"]["externalName"])
     assert "provisioner.dev/replica-of" in {t["Key"] for t in still["TagList"]}
     kube.kubectl("annotate", "dbi", "reader", "-n", namespace, f"{PLAN_ONLY}-")
     promoted = wait_for(
@@ -243,7 +237,7 @@ def test_replica_has_the_sources_credentials_holds_its_source_and_is_promoted(
         what="the promotion",
     )
     assert condition(promoted, "Ready")["status"] == "True"
-    tags = {t["Key"] for t in instance(aws, reader["status"]["externalName"])["TagList"]}
+    tags = {t["Key"] for t in describe(aws, reader["status"]["externalName"])["TagList"]}
     assert "provisioner.dev/replica-of" not in tags
     # The source's deletion goes on; the promoted instance keeps its password.
     wait_gone(kube, "dbi", namespace, "primary", timeout=120)
@@ -463,6 +457,6 @@ def test_a_restore_whose_password_secrets_manager_keeps_and_a_replica_of_it_refu
     )
     assert "keeps its master password in Secrets Manager" in condition(refused, "Synced")["message"]
     replica_id = refused["status"].get("externalName") or ""
-    assert not replica_id or instance(aws, replica_id) is None
+    assert not replica_id or describe(aws, replica_id) is None
     delete(kube, namespace, "ledger-replica")
     delete(kube, namespace, "ledger-back")
