@@ -86,7 +86,7 @@ def main() -> int:
 
         def grant_all() -> None:  # status.access is kept on each resource as it goes
             for resource in resources:
-                outcome = asyncio.run(access.converge(resource, arn))
+                outcome = asyncio.run(access.converge(resource, [arn]))
                 assert outcome is not None and outcome.problem is None, outcome
 
         def revoke_all() -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,7 +98,7 @@ class Access:
             if e.get("serviceAccountName")
         }
 
-    async def converge(self, resource: Resource, arns: Sequence[str]) -> Outcome | None:
+    async def converge(self, resource: Resource, arns: list[str]) -> Outcome | None:
         """Grant what `spec.access` asks, revoke what it no longer does; None when the
         resource has no grants at all (nothing is called). `arns`: what its kind grants on (none
         yet: the grants wait, AccessPending)."""
@@ -172,7 +172,7 @@ class Access:
         resource: Resource,
         sa: str,
         level: str,
-        arns: Sequence[str],
+        arns: list[str],
         held: dict[str, dict[str, str]],
     ) -> bool:
         """Make one grant (its entry in `held` and status.access first); whether anything
@@ -363,7 +363,7 @@ class Grant:
             return True
         return False
 
-    async def put_policy(self, arns: Sequence[str]) -> bool:
+    async def put_policy(self, arns: list[str]) -> bool:
         """The role's policy on `arns`, unless it is already so; whether it
         was written."""
         resource, in_thread = self.resource, self.access.in_thread

@@ -17,7 +17,7 @@ The pod assumes the role one of two ways (`AccessSettings.mode`):
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
@@ -97,9 +97,7 @@ def role_tags(cluster_id: str, namespace: str, service_account: str) -> dict[str
     }
 
 
-def permission_policy(
-    descriptor: KindDescriptor, level: str, arns: Sequence[str]
-) -> dict[str, Any]:
+def permission_policy(descriptor: KindDescriptor, level: str, arns: list[str]) -> dict[str, Any]:
     """The inline policy of one grant: the level's actions on the resource's ARNs only.
 
     `arns` are what the kind grants on (`access_arns`: the resource's own ARN, or a

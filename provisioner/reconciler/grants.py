@@ -3,8 +3,6 @@ Events, the problem a grant waits on), and their revocation first thing on delet
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from provisioner.access.grants import Access
 from provisioner.model import conditions as cond
 from provisioner.model.resource import Resource
@@ -18,7 +16,7 @@ class Grants:
         # for some is told.
         self.access: Access | None = None
 
-    async def grant(self, p: Progress, arns: Sequence[str]) -> tuple[cond.Condition | None, bool]:
+    async def grant(self, p: Progress, arns: list[str]) -> tuple[cond.Condition | None, bool]:
         """The problem a grant waits on (None: none), and whether it may go away by itself
         (a ServiceAccount not created yet) rather than wait for people (a conflict)."""
         if self.access is None:
