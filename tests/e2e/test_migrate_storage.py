@@ -82,7 +82,24 @@ def previous_release_crds() -> list[dict[str, Any]]:
     return docs
 
 
+def write_previous_release_crds(into: Path) -> Path:
+    """crds/ as the release before had it: the four kinds' CRDs at v1alpha1 alone, the others
+    as they are."""
+    previous = {doc["metadata"]["name"]: doc for doc in previous_release_crds()}
+    into.mkdir(parents=True)
+    for path in sorted(CRD_DIR.glob("*.yaml")):
+        doc = yaml.safe_load(path.read_text())
+        doc = previous.get(doc["metadata"]["name"], doc)
+        (into / path.name).write_text(yaml.safe_dump(doc, sort_keys=False))
+    return into
+
+
 NEW = storage_of(release_crds()[0])
+
+
+def stored_versions_of(kube: Kubectl, crd: str) -> list[str]:
+    got = kube.kubectl("get", "crd", crd, "-o", "json").stdout
+    return list(json.loads(got)["status"]["storedVersions"])
 
 
 def etcd_version(etcd_url: str, plural: str, namespace: str, name: str) -> str:
@@ -117,8 +134,7 @@ class Upgraded:
         return self.stack.controlplane.etcd_url
 
     def stored_versions(self, crd: str) -> list[str]:
-        got = self.kube.kubectl("get", "crd", crd, "-o", "json").stdout
-        return list(json.loads(got)["status"]["storedVersions"])
+        return stored_versions_of(self.kube, crd)
 
     def etcd_versions(self) -> dict[tuple[str, str], str]:
         return {
@@ -168,7 +184,13 @@ def upgraded(tmp_path: Path) -> Iterator[Upgraded]:
     """A cluster as the release before v1beta1 left it, then upgraded to this release's CRDs
     with the conversion webhook serving; nothing migrated yet."""
     # The webhook of this release refuses to start on CRDs without v1beta1: it starts after.
-    stack = Stack(dir=tmp_path / "stack", serve_webhook=False)
+    # The stack starts with the previous release's CRDs: deleting a CRD waits on the API
+    # server's CRD finalizer, which takes minutes on a busy machine.
+    stack = Stack(
+        dir=tmp_path / "stack",
+        serve_webhook=False,
+        crd_dir=write_previous_release_crds(tmp_path / "previous-crds"),
+    )
     try:
         stack.start()
         yield upgrade(stack)
@@ -180,14 +202,8 @@ def upgraded(tmp_path: Path) -> Iterator[Upgraded]:
 
 def upgrade(stack: Stack) -> Upgraded:
     kube = Kubectl(stack.kubeconfig)
-    # The previous release's CRDs instead of the ones the stack applied (no object yet).
-    # The API server's CRD finalizer empties each one first: on a busy machine that takes
-    # longer than one kubectl call waits by default.
-    kube.kubectl("delete", "crd", *CRDS, "--wait=false")
-    kube.kubectl("wait", "--for=delete", "--timeout=300s", "crd", *CRDS, timeout=320)
-    previous = yaml.safe_dump_all(previous_release_crds())
-    kube.kubectl("apply", "--server-side", "-f", "-", input=previous)
-    kube.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", *CRDS)
+    for crd in CRDS:
+        assert stored_versions_of(kube, crd) == [OLD], crd
     namespace = f"migrate-{uuid.uuid4().hex[:8]}"
     kube.kubectl("create", "namespace", namespace)
     docs = [
