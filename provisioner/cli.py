@@ -130,6 +130,7 @@ def _reconciler(
     from provisioner.kube.client import Kube
     from provisioner.reconciler.engine import Reconciler
     from provisioner.runtime.accounts_controller import account_directory
+    from provisioner.runtime.classes_controller import class_directory
     from provisioner.runtime.events import event_poster
 
     # Two Events per resource on its way to Ready: half as many threads as the passes', so
@@ -139,13 +140,15 @@ def _reconciler(
     # as many) and the Events'.
     kube = Kube(pool_size=settings.workers + settings.workers // 2 + event_threads + 4)
     events = ThreadPoolExecutor(max_workers=event_threads, thread_name_prefix="events")
+    directory = account_directory(kube) if settings.accounts else None
     reconciler = Reconciler(
         settings,
         kube,
         make_clients(aws),
         event_poster(kube, events),
-        directory=account_directory(kube) if settings.accounts else None,
+        directory=directory,
         own_account=aws.account_id,
+        classes=class_directory(kube, directory) if directory is not None else None,
     )
     reconciler.access = Access(
         access_settings, settings.cluster_id, aws, kube, reconciler.in_thread

@@ -274,7 +274,8 @@ def _account_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--manage-accounts",
         choices=["on", "off"],
-        help="keep CloudAccounts' status and finalizer (default: on when cluster-wide)",
+        help="keep CloudAccounts' and ResourceClasses' status and finalizer (default: on when "
+        "cluster-wide)",
     )
     parser.add_argument(
         "--expiry-warning-seconds",

@@ -6,7 +6,8 @@
   served too) and the kinds in the standard `view`/`edit`/`admin` roles
   (`aggregated-roles.yaml`). The operator then trusts the annotation (`--requested-by=verified`).
   The policy that refuses `kubectl delete` of a DatabaseInstance with
-  `spec.deletionProtection: true` (`deletion-protection.yaml`), served alike.
+  `spec.deletionProtection: true` (`deletion-protection.yaml`), and those that refuse a
+  field a ResourceClass enforces set otherwise (`resource-classes.yaml`), served alike.
 - `spec.access` through IRSA: the cluster's service-account issuer is registered as an IAM OIDC
   provider in the dev cloud, and the operator runs with `--access=irsa --oidc-issuer=<it>`.
 
@@ -35,7 +36,12 @@ RELEASE = "provisioner-dev"
 RELEASE_NAMESPACE = "provisioner-system"
 ADMISSION = "admissionregistration.k8s.io/v1"
 MAP_API = f"{ADMISSION}/MutatingAdmissionPolicy"
-TEMPLATES = ("requested-by.yaml", "deletion-protection.yaml", "aggregated-roles.yaml")
+TEMPLATES = (
+    "requested-by.yaml",
+    "deletion-protection.yaml",
+    "resource-classes.yaml",
+    "aggregated-roles.yaml",
+)
 # The issuer when the API server does not publish one (its OIDC discovery document).
 FALLBACK_ISSUER = "https://oidc.provisioner-dev.local"
 REQUESTED_BY = "cloud.provisioner.dev/requested-by"
@@ -99,6 +105,7 @@ def install(kubeconfig: str | Path, state: dict) -> None:
         )
         templates.remove("requested-by.yaml")
         templates.remove("deletion-protection.yaml")
+        templates.remove("resource-classes.yaml")
     verified = "requested-by.yaml" in templates
     stamped = verified and "mutatingadmissionpolicies" in have
     text = render(*templates, api_versions=(MAP_API,) if stamped else ())

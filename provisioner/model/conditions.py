@@ -36,6 +36,11 @@ ACCOUNT_NOT_ALLOWED = "AccountNotAllowed"
 REGION_NOT_ALLOWED = "RegionNotAllowed"
 ACCOUNT_UNAVAILABLE = "AccountUnavailable"
 ACCOUNT_REASONS = (ACCOUNT_NOT_FOUND, ACCOUNT_NOT_ALLOWED, REGION_NOT_ALLOWED, ACCOUNT_UNAVAILABLE)
+# Synced reasons of the ResourceClass a resource uses (no cloud call either)
+CLASS_NOT_FOUND = "ClassNotFound"
+CLASS_NOT_ALLOWED = "ClassNotAllowed"
+AMBIGUOUS_CLASS = "AmbiguousClass"
+CLASS_REASONS = (CLASS_NOT_FOUND, CLASS_NOT_ALLOWED, AMBIGUOUS_CLASS)
 # A Synced=False of the current generation with one of these: refused until the spec changes
 # (read back from status after a restart).
 REFUSED_FOR_GENERATION = (INVALID_SPEC, NAME_CONFLICT)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from provisioner.model import annotations as annotation_keys
 from provisioner.model import conversion
+from provisioner.model.classes import ClassRefused, ClassUse
 
 if TYPE_CHECKING:
     from provisioner.model.account import AccountRef
@@ -138,6 +139,9 @@ class Resource:
     # spec.expiresAt; both API server times); None: never.
     expires_at: datetime | None = None
     created_at: datetime | None = None
+    # The ResourceClass its spec is completed from (None: none), or why it may not use one.
+    class_use: ClassUse | None = None
+    class_refused: ClassRefused | None = None
 
     @classmethod
     def from_body(

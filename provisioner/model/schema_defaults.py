@@ -63,6 +63,28 @@ def with_defaults(value: Any, schema: Mapping[str, Any]) -> Any:
     return value
 
 
+def field_default(kind: str, name: str) -> tuple[bool, Any]:
+    """(True, the value the API server fills into spec.<name> when it is left out, defaulted
+    at every depth), or (False, None) when it fills nothing (or the schema is unread)."""
+    schema = (_SPEC_SCHEMAS.get(kind) or {}).get("properties", {}).get(name)
+    if not isinstance(schema, Mapping) or "default" not in schema:
+        return False, None
+    return True, with_defaults(copy.deepcopy(schema["default"]), schema)
+
+
+def spec_schema(kind: str) -> Mapping[str, Any] | None:
+    """The spec schema of `kind` in the installed CRD (None: unread)."""
+    return _SPEC_SCHEMAS.get(kind)
+
+
+def spec_fields(kind: str) -> frozenset[str] | None:
+    """The top-level spec fields of `kind` in the installed CRD (None: unread)."""
+    schema = _SPEC_SCHEMAS.get(kind)
+    if schema is None:
+        return None
+    return frozenset(schema.get("properties") or {})
+
+
 def spec_with_defaults(kind: str, spec: Mapping[str, Any]) -> dict[str, Any]:
     schema = _SPEC_SCHEMAS.get(kind)
     return dict(with_defaults(spec, schema) if schema else spec)
@@ -74,3 +96,23 @@ def last_handled_at_hub(essence: Mapping[str, Any], kind: str) -> dict[str, Any]
     if isinstance(hub.get("spec"), Mapping):
         hub["spec"] = spec_with_defaults(kind, hub["spec"])
     return hub
+
+
+def _fixed(schema: Any) -> bool:
+    """Whether a rule in `schema`, at any depth, keeps a value from changing (== oldSelf)."""
+    if isinstance(schema, Mapping):
+        for rule in schema.get("x-kubernetes-validations") or []:
+            text = str(rule.get("rule") or "")
+            if "== oldSelf" in text or "oldSelf ==" in text:
+                return True
+        return any(_fixed(v) for k, v in schema.items() if k != "x-kubernetes-validations")
+    if isinstance(schema, list):
+        return any(_fixed(v) for v in schema)
+    return False
+
+
+def immutable_fields(kind: str) -> frozenset[str]:
+    """The top-level spec fields of `kind` that are immutable, whole or in part, in the
+    installed CRD (none when it is unread)."""
+    properties = (_SPEC_SCHEMAS.get(kind) or {}).get("properties") or {}
+    return frozenset(name for name, sub in properties.items() if _fixed(sub))

@@ -82,6 +82,8 @@ class CloudAccount:
     selector: Mapping[str, Any] = field(default_factory=dict)
     generation: int = 0
     deleting: bool = False
+    # Tags of every resource in the account, under its class's and its own.
+    tags: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> CloudAccount:
@@ -96,6 +98,7 @@ class CloudAccount:
             selector=dict(spec.get("namespaceSelector") or {}),
             generation=int(meta.get("generation") or 0),
             deleting=bool(meta.get("deletionTimestamp")),
+            tags={str(k): str(v) for k, v in (spec.get("tags") or {}).items()},
         )
 
     @property

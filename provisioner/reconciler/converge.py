@@ -34,6 +34,12 @@ async def record(
     resource.status.update(before)
 
 
+def from_class(resource: Resource, field: str) -> str:
+    """A diff's field as Events and conditions name it: with the ResourceClass it came from."""
+    use = resource.class_use
+    return f"{field} (from ResourceClass {use.name})" if use and use.names(field) else field
+
+
 class Converge:
     def __init__(
         self,
@@ -135,14 +141,16 @@ class Converge:
             resource.status.update(handled)
         self.observer.remember_writes(resource, to_write, p.kind.settle_seconds)
         if changes:
-            updated = ", ".join(d.field for d in changes)
+            updated = ", ".join(from_class(resource, d.field) for d in changes)
             p.event("Normal", "Updated", f"updated {updated}")
         return await self.observer.observe(resource)
 
     @staticmethod
     def _report_drift(p: Progress, drift: list[FieldDiff]) -> None:
         resource = p.resource
-        described = "; ".join(d.describe() for d in drift)
+        described = "; ".join(
+            from_class(resource, d.field) + d.describe()[len(d.field) :] for d in drift
+        )
         if drift and resource.drift_report_only:
             drifted = cond.Condition(cond.DRIFTED, True, cond.DRIFT_REPORTED, described)
             p.conditions.append(drifted)

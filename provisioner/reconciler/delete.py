@@ -155,6 +155,14 @@ def _protected(resource: Resource, retry: int) -> Result:
         f'{resource.namespace} --type=merge -p \'{{"spec":{{"deletionProtection":false}}}}\'), '
         f"then deletionPolicy {resource.deletion_policy} applies"
     )
+    use = resource.class_use
+    if use is not None and "deletionProtection" in use.fields:
+        message = (
+            f"spec.deletionProtection is true, set by ResourceClass {use.name}: "
+            f"{resource.external_name} is not deleted until the class no longer sets it (or, "
+            "where the class does not enforce it, the resource sets it to false), then "
+            f"deletionPolicy {resource.deletion_policy} applies"
+        )
     synced = cond.Condition(cond.SYNCED, False, cond.DELETION_PROTECTED, message)
     result = Result(
         conditions=[cond.Condition(cond.READY, False, cond.DELETING, message), synced],

@@ -16,6 +16,7 @@ schedules by is the pass's typed `Verdict`, never a condition's reason.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -28,8 +29,10 @@ from provisioner.kinds.contract import ExternalClient
 from provisioner.kube.client import Kube
 from provisioner.model import annotations as annotation_keys
 from provisioner.model import conditions as cond
+from provisioner.model.classes import ClassRefused, ResourceClass
 from provisioner.model.resource import Resource
 from provisioner.placement.accounts import Directory
+from provisioner.placement.classes import Classes
 from provisioner.reconciler import guardrails, ownership, readiness
 from provisioner.reconciler.converge import Converge
 from provisioner.reconciler.delete import Deletion
@@ -46,6 +49,8 @@ from provisioner.reconciler.progress import Progress
 from provisioner.reconciler.requested import (
     NOTHING_REQUESTED,
     Requested,
+    by_class,
+    immutable_by_class,
     last_handled_spec,
     planned,
     requested_fields,
@@ -71,8 +76,11 @@ class Reconciler:
         post_event: Callable[[dict[str, Any], Event], None],
         directory: Directory | None = None,
         own_account: Callable[[], str] | None = None,
+        classes: Classes | None = None,
     ) -> None:
         self.settings = settings
+        # ResourceClasses (None: served only with CloudAccounts, --accounts=on).
+        self.classes = classes
         self.kube = kube
         self.clients = clients
         self.post_event = post_event
@@ -112,6 +120,31 @@ class Reconciler:
     def access(self, access: Access | None) -> None:
         self.grants.access = access
 
+    def class_affected(
+        self,
+        before: ResourceClass | None,
+        now: ResourceClass | None,
+        namespace: str | None = None,
+    ) -> list[str]:
+        """The resources to look at again after a ResourceClass changed from `before` to
+        `now` (those that name it, and those that name none where it is or was a default),
+        or (`namespace`) after that namespace's labels changed."""
+        changed = [c for c in (before, now) if c is not None]
+        names = {c.name for c in changed}
+        kinds_of = {c.kind for c in changed}
+        default = any(c.default for c in changed)
+        found = []
+        for uid, state in self.states.items():
+            if state.classed is None:
+                continue
+            kind, ns, named = state.classed
+            if namespace is not None:
+                if ns == namespace and self.classes is not None and self.classes.classes:
+                    found.append(uid)
+            elif kind in kinds_of and (named in names or (not named and default)):
+                found.append(uid)
+        return found
+
     def lock(self, uid: str) -> Any:
         """The resource's lock (held by every pass over it)."""
         return self.states.of(uid).lock
@@ -127,6 +160,32 @@ class Reconciler:
         self.states.of(resource.uid).paused = resource.paused
         return resource
 
+    async def classed(self, body: Mapping[str, Any]) -> Resource:
+        """The resource with its effective spec: completed from its ResourceClass, if one
+        applies (provisioner/placement/classes.py); a refusal is kept for its pass."""
+        resource = self.resource(body)
+        named = str((body.get("spec") or {}).get("className") or "")
+        classes = self.classes
+        self.states.of(resource.uid).classed = (resource.kind, resource.namespace, named)
+        if classes is None:
+            if not named:
+                return resource
+            refused = ClassRefused(
+                cond.CLASS_NOT_FOUND,
+                f"ResourceClass {named}: this operator serves no ResourceClasses "
+                "(started with --accounts=off)",
+            )
+            return dataclasses.replace(resource, class_refused=refused)
+        if classes.listed and not classes.classes and not named:
+            return resource  # no class at all: nothing to read
+        try:
+            effective, use = await self.in_thread(classes.apply, body)
+        except ClassRefused as exc:
+            return dataclasses.replace(resource, class_refused=exc)
+        if use is None:
+            return resource
+        return dataclasses.replace(self.resource(effective), class_use=use)
+
     # -- entry points ---------------------------------------------------------------
 
     async def reconcile(
@@ -140,7 +199,7 @@ class Reconciler:
         `last_handled_spec` is the spec as the last successful pass saw it (None for a new
         resource): the fields that differ from it are the requested changes.
         """
-        resource = self.resource(body)
+        resource = await self.classed(body)
         requested = planned(resource, requested_fields(last_handled_spec, body.get("spec") or {}))
         async with self.workers.change_pass(resource.uid, resource.namespace):
             state = self.states.of(resource.uid)
@@ -188,7 +247,11 @@ class Reconciler:
             LOOKING.reset(token)
 
     async def finalize(self, body: Mapping[str, Any], retry: int = 0) -> tuple[Result, Resource]:
-        resource = self.resource(body)
+        # Its class still completes the spec (a deletionPolicy or deletionProtection from
+        # it holds); one it may no longer use does not keep it from being deleted.
+        resource = await self.classed(body)
+        if resource.class_refused is not None:
+            resource = self.resource(body)
         async with self.workers.change_pass(resource.uid, resource.namespace):
             try:
                 result = await self.deletion.delete(resource, retry)
@@ -241,7 +304,7 @@ class Reconciler:
     async def _recheck(self, body: Mapping[str, Any]) -> tuple[Result, Resource] | None:
         """A full pass after a change of its CloudAccount or namespace, whatever state the
         resource is in (refused, waiting on its change handler's backoff, at rest)."""
-        resource = self.resource(body)
+        resource = await self.classed(body)
         if resource.paused:
             return None
         requested = planned(
@@ -253,7 +316,7 @@ class Reconciler:
         return result, resource
 
     async def _resync(self, body: Mapping[str, Any]) -> tuple[Result, Resource] | None:
-        resource = self.resource(body)
+        resource = await self.classed(body)
         state = self.states.of(resource.uid)
         if resource.paused or not (guardrails.settled(resource) or state.failed_resync):
             return None
@@ -271,8 +334,13 @@ class Reconciler:
     ) -> tuple[Result, Resource]:
         """Place the resource, then observe and converge it; every failure becomes a
         condition. Returns the outcome and the resource as placed (when it could be)."""
-        p = Progress(resource, kinds.descriptor(resource.kind), retry, requested, resync)
+        p = Progress(
+            resource, kinds.descriptor(resource.kind), retry, by_class(resource, requested), resync
+        )
+        p.events += immutable_by_class(resource, requested)
         try:
+            if resource.class_refused is not None:
+                raise resource.class_refused
             if resource.plan_only:
                 result, resource = await self.planner.plan(resource)
             else:
@@ -314,6 +382,7 @@ class Reconciler:
                 "plan": None,  # applied: a plan made before is done with
                 "externalName": resource.external_name,
                 "arn": obs.arn,
+                **readiness.class_field(resource),
                 **(await self.in_thread(self.placement.fields, resource)),
                 **obs.status,
             }

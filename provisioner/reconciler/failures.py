@@ -9,6 +9,7 @@ from provisioner.aws import errors
 from provisioner.kube.client import InvalidName, KubeError
 from provisioner.model import conditions as cond
 from provisioner.model import connection_secret
+from provisioner.model.classes import ClassRefused
 from provisioner.model.resource import Resource
 from provisioner.placement.accounts import AccountRefused
 from provisioner.reconciler.outcome import (
@@ -27,13 +28,13 @@ log = logging.getLogger(__name__)
 
 def account_failure(
     resource: Resource,
-    exc: AccountRefused | errors.AccountUnavailableError,
+    exc: AccountRefused | ClassRefused | errors.AccountUnavailableError,
     retry: int,
     deleting: bool,
 ) -> Result:
     """Refused before any cloud call, or AssumeRole failed. Looked at again when its
-    CloudAccount or namespace changes; meanwhile retried with a slow backoff."""
-    if isinstance(exc, AccountRefused):
+    CloudAccount, ResourceClass or namespace changes; meanwhile retried with a slow backoff."""
+    if isinstance(exc, AccountRefused | ClassRefused):
         reason, message = exc.reason, exc.message
     else:
         reason, message = cond.ACCOUNT_UNAVAILABLE, str(exc)
@@ -72,7 +73,7 @@ def refused(message: str, retry: int, deleting: bool) -> Result:
 
 def failure(resource: Resource, exc: Exception, retry: int, deleting: bool = False) -> Result:
     """Map a failure to conditions and a requeue; the message never holds a secret value."""
-    if isinstance(exc, AccountRefused | errors.AccountUnavailableError):
+    if isinstance(exc, AccountRefused | ClassRefused | errors.AccountUnavailableError):
         return account_failure(resource, exc, retry, deleting)
     if isinstance(exc, InvalidName):
         # A name no Kubernetes object can have (one written at v1alpha1 before v1beta1's

@@ -67,8 +67,14 @@ class Placement:
             raise
         account = placement.account
         state.placed = (resource.namespace, account.name if account else "")
+        tags = resource.user_tags
+        if account is not None and account.tags:
+            tags = {**account.tags, **tags}  # the account's under the class's and its own
         return dataclasses.replace(
-            resource, region=placement.region, account=account.ref if account else None
+            resource,
+            region=placement.region,
+            account=account.ref if account else None,
+            user_tags=tags,
         )
 
     def known(self, resource: Resource) -> Resource:

@@ -14,6 +14,7 @@ from provisioner.kinds.contract import Observation
 from provisioner.kube.client import Kube
 from provisioner.model import annotations as annotation_keys
 from provisioner.model import conditions as cond
+from provisioner.model.classes import ClassRefused
 from provisioner.model.resource import Resource
 from provisioner.placement.accounts import AccountRefused
 from provisioner.reconciler import ownership
@@ -55,6 +56,16 @@ def against_plan(resource: Resource, obs: Observation) -> list[Event]:
     return [Event("Warning", "PlanChanged", "; ".join(differences))] if differences else []
 
 
+def from_class(resource: Resource) -> dict[str, Any]:
+    """What of the spec comes from its ResourceClass: plan.class {name, fields}."""
+    use = resource.class_use
+    if use is None:
+        return {}
+    fields = [f"spec.{name}" for name in use.fields]
+    fields += [f"spec.tags.{key}" for key in use.tag_keys]
+    return {"class": {"name": use.name, "fields": fields}}
+
+
 class Planner:
     def __init__(
         self, kube: Kube, placement: Placement, dependencies: Dependencies, observer: Observer
@@ -71,7 +82,7 @@ class Planner:
         try:
             resource = await self.placement.place(resource)
             planned, reason = await self._planned_action(resource, changes)
-        except AccountRefused as exc:
+        except (AccountRefused, ClassRefused) as exc:
             planned, reason = "Blocked", f"{exc.reason}: {exc.message}"
         except errors.CloudError as exc:
             planned, reason = "Blocked", f"the cloud could not be observed: {exc}"
@@ -81,6 +92,7 @@ class Planner:
             "changes": changes,
             "generation": resource.generation,
             "plannedAt": stamp(self.kube.server_now()),
+            **from_class(resource),
         }
         message = (
             f"plan-only ({planned}): {reason}; remove the {annotation_keys.PLAN_ONLY} "

@@ -5,6 +5,8 @@ write may take to show) comes from the kind contract."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from provisioner.kinds.contract import FieldDiff, Observation
 from provisioner.model import conditions as cond
 from provisioner.model.resource import Resource
@@ -126,3 +128,11 @@ def ready(p: Progress, obs: Observation, problem: cond.Condition | None, retry: 
         requeue_after=requeue_after,
         verdict=Verdict.DONE if problem is None else Verdict.ACCESS_BLOCKED,
     )
+
+
+def class_field(resource: Resource) -> dict[str, Any]:
+    """status.class: the ResourceClass the pass completed the spec from (removed when none
+    applies any more)."""
+    if resource.class_use is not None:
+        return {"class": resource.class_use.status}
+    return {"class": None} if "class" in resource.status else {}

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from provisioner.model import schema_defaults
+from provisioner.model.classes import changed_fields
 from provisioner.model.resource import Resource
+from provisioner.reconciler.outcome import Event
 
 
 @dataclass(frozen=True)
@@ -78,3 +80,42 @@ def planned(resource: Resource, requested: Requested) -> Requested:
     fields = {str(c.get("field") or "") for c in plan["changes"]}
     tops = {_top(f) for f in fields if f}
     return Requested(requested.paths | frozenset(tops))
+
+
+def by_class(resource: Resource, requested: Requested) -> Requested:
+    """The fields whose value from the resource's ResourceClass changed since its last pass
+    count as requested (a platform team's edit is applied under drift-policy report too);
+    so do those of a class it no longer uses."""
+    used = resource.status.get("class") or {}
+    if requested.everything or not (used or resource.class_use):
+        return requested
+    if resource.class_use is not None:
+        tops = changed_fields(used, resource.class_use)
+    else:
+        tops = frozenset(f"spec.{name}" for name in used.get("fields") or {})
+    return Requested(requested.paths | tops) if tops else requested
+
+
+def immutable_by_class(resource: Resource, requested: Requested) -> list[Event]:
+    """A Warning for each immutable field whose value from the class changed, on a resource
+    that exists already: it applies to new resources only."""
+    use = resource.class_use
+    if use is None or requested.everything or not resource.status.get("arn"):
+        return []
+    if (resource.status.get("class") or {}).get("name") != use.name:
+        return []
+    fixed = schema_defaults.immutable_fields(resource.kind)
+    changed = sorted(
+        top.removeprefix("spec.")
+        for top in changed_fields(resource.status["class"], use)
+        if top.removeprefix("spec.") in fixed
+    )
+    return [
+        Event(
+            "Warning",
+            "ClassChangeNotApplied",
+            f"spec.{name} from ResourceClass {use.name} changed; it cannot change on an "
+            f"existing {resource.kind}: it applies to new ones",
+        )
+        for name in changed
+    ]

@@ -45,6 +45,8 @@ class ResourceState:
     # namespace changes. `refused`: its last pass was refused for it.
     placed: tuple[str, str] | None = None
     refused: bool = False
+    # (kind, namespace, spec.className): who to look at again when a ResourceClass changes.
+    classed: tuple[str, str, str] | None = None
 
     @property
     def looks_skipped(self) -> bool:

@@ -129,6 +129,9 @@ class AccountsController:
         before, now = self.directory.namespace_seen(plain(body))
         if before is not None and before != now:
             affected = self.reconciler.affected(namespace=name)
+            if before.labels != now.labels:
+                classed = self.reconciler.class_affected(None, None, namespace=name)
+                affected = sorted(set(affected) | set(classed))
             if affected:
                 log.info("namespace %s changed: rechecking %d resources", name, len(affected))
                 self.scheduler.recheck(affected)

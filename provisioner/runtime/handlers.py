@@ -6,6 +6,7 @@
 - one resync loop          -> Reconciler.resync of each resource every `resync_seconds`
 - sharded, a drain label   -> the resource handed over to another replica
 - CloudAccounts, Namespaces -> the CloudAccount controller (runtime/accounts_controller.py)
+- ResourceClasses           -> the ResourceClass controller (runtime/classes_controller.py)
 
 `Handlers` holds what the handlers act with, made once by `build`; `register` only wires
 its methods (and the CloudAccount controller's) into kopf's registry.
@@ -35,7 +36,7 @@ from provisioner.model import conditions as cond
 from provisioner.model.resource import Resource
 from provisioner.reconciler.engine import Reconciler
 from provisioner.reconciler.outcome import Result
-from provisioner.runtime import accounts_controller, metrics, sharding
+from provisioner.runtime import accounts_controller, classes_controller, metrics, sharding
 from provisioner.runtime.accounts_controller import ACCOUNT_WATCH, NAMESPACE_WATCH
 from provisioner.runtime.kopf_setup import bounded_session, configure_kopf, plain, wait_for_api
 from provisioner.runtime.resync import ResyncScheduler
@@ -307,6 +308,9 @@ def register(
     handlers = build(reconciler, settings, aws)
     if reconciler.directory is not None:
         accounts_controller.register(registry, reconciler, settings, handlers.scheduler, aws)
+    if reconciler.classes is not None:
+        manage = settings.manages_accounts and aws is not None
+        classes_controller.register(registry, reconciler, handlers.scheduler, manage)
     kopf.on.startup(registry=registry, id=STARTUP)(handlers.startup)
     kopf.on.cleanup(registry=registry, id=CLEANUP)(handlers.cleanup)
     kopf.on.login(registry=registry, id=LOGIN)(handlers.login)

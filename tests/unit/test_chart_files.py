@@ -154,7 +154,7 @@ def test_no_wildcards_anywhere_in_rbac(helm, sets):
 # What every release has, whatever the mode: the CRDs, the conversion webhook's Service, its
 # Secret's Role (release namespace) and the ClusterRole on the CRDs, the Deployment.
 COMMON = [
-    *[("CustomResourceDefinition", None)] * 5,
+    *[("CustomResourceDefinition", None)] * 6,
     ("ClusterRole", None),  # get/patch of the four converted CRDs, by name
     ("ClusterRoleBinding", None),
     ("Deployment", "ops"),
@@ -166,6 +166,8 @@ COMMON = [
     ("ValidatingAdmissionPolicyBinding", None),
     ("ValidatingAdmissionPolicy", None),  # deletion-protection: no delete while it is on
     ("ValidatingAdmissionPolicyBinding", None),
+    # ResourceClasses: their defaults' field names, and one per kind for enforced fields.
+    *[("ValidatingAdmissionPolicy", None), ("ValidatingAdmissionPolicyBinding", None)] * 5,
 ]
 
 
@@ -241,7 +243,9 @@ def test_namespaced_mode_with_accounts_only_reads_them_cluster_wide(helm):
         if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "provisioner-accounts"
     ]
     assert grants(role) == {
-        ("cloud.provisioner.dev", "cloudaccounts", v) for v in ("get", "list", "watch")
+        ("cloud.provisioner.dev", plural, v)
+        for plural in ("cloudaccounts", "resourceclasses")
+        for v in ("get", "list", "watch")
     } | {("", "namespaces", v) for v in ("get", "list", "watch")}
 
 
@@ -249,6 +253,7 @@ def test_account_admin_role_is_shipped_unbound(helm):
     docs = render(helm)
     (admin,) = [d for d in docs if d["metadata"]["name"] == "provisioner-account-admin"]
     assert ("cloud.provisioner.dev", "cloudaccounts", "create") in grants(admin)
+    assert ("cloud.provisioner.dev", "resourceclasses", "create") in grants(admin)
     assert not any(
         d["kind"] == "ClusterRoleBinding" and d["roleRef"]["name"] == "provisioner-account-admin"
         for d in docs
@@ -259,10 +264,13 @@ def test_account_admin_role_is_shipped_unbound(helm):
         if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "provisioner-accounts"
     ]
     assert grants(operator) == {
-        ("cloud.provisioner.dev", "cloudaccounts", v) for v in ("get", "list", "watch", "patch")
-    } | {("cloud.provisioner.dev", "cloudaccounts/status", "patch")} | {
-        ("", "namespaces", v) for v in ("get", "list", "watch")
-    }
+        ("cloud.provisioner.dev", plural, v)
+        for plural in ("cloudaccounts", "resourceclasses")
+        for v in ("get", "list", "watch", "patch")
+    } | {
+        ("cloud.provisioner.dev", f"{plural}/status", "patch")
+        for plural in ("cloudaccounts", "resourceclasses")
+    } | {("", "namespaces", v) for v in ("get", "list", "watch")}
 
 
 def grants(role: dict[str, Any]) -> set[tuple[str, str, str]]:
@@ -492,16 +500,33 @@ def test_policies_are_off_by_default_and_requested_by_needs_the_api(helm):
 
     # Who asked is checked everywhere, on every Kubernetes version; stamped only where the
     # API server serves MutatingAdmissionPolicy.
-    checked = [
-        ("ValidatingAdmissionPolicy", "provisioner-deletion-protection"),
-        ("ValidatingAdmissionPolicy", "provisioner-requested-by"),
-        ("ValidatingAdmissionPolicyBinding", "provisioner-deletion-protection"),
-        ("ValidatingAdmissionPolicyBinding", "provisioner-requested-by"),
+    classes = [
+        "provisioner-class-databaseinstances",
+        "provisioner-class-defaults",
+        "provisioner-class-queues",
+        "provisioner-class-s3buckets",
+        "provisioner-class-topics",
     ]
+    checked = sorted(
+        [
+            ("ValidatingAdmissionPolicy", "provisioner-deletion-protection"),
+            ("ValidatingAdmissionPolicy", "provisioner-requested-by"),
+            ("ValidatingAdmissionPolicyBinding", "provisioner-deletion-protection"),
+            ("ValidatingAdmissionPolicyBinding", "provisioner-requested-by"),
+            *[
+                (k, n)
+                for n in classes
+                for k in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+            ],
+        ]
+    )
     assert policies(render(helm)) == checked
     assert policies(render(helm, "requestedBy.enabled=false")) == checked
     assert policies(render(helm, "deletionProtection.enabled=false")) == [
         c for c in checked if c[1] != "provisioner-deletion-protection"
+    ]
+    assert policies(render(helm, "resourceClasses.enforce=false")) == [
+        c for c in checked if c[1] not in classes
     ]
     args = [str(helm), "template", "provisioner", str(CHART), "--namespace", "ops"]
     args += ["--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"]
@@ -755,8 +780,9 @@ def test_policies_read_v1beta1_and_convert_v1alpha1_requests_first(helm):
         for d in render(helm, "policy.enabled=true")
         if d["kind"] == "ValidatingAdmissionPolicy"
         and d["metadata"]["name"] != "provisioner-requested-by"
+        and d["metadata"]["name"] != "provisioner-class-defaults"  # on ResourceClasses
     ]
-    assert len(policies) == 3  # databases, buckets, deletion-protection
+    assert len(policies) == 7  # databases, buckets, deletion-protection, one per kind's class
     assert policies
     for policy in policies:
         constraints = policy["spec"]["matchConstraints"]

@@ -26,7 +26,10 @@ def parse(*argv: str) -> config.Settings:
 def wired(settings: config.Settings, aws: bool = True) -> list[Any]:
     registry = kopf.OperatorRegistry()
     reconciler: Any = SimpleNamespace(
-        kube=KUBE, settings=settings, directory=object() if settings.accounts else None
+        kube=KUBE,
+        settings=settings,
+        directory=object() if settings.accounts else None,
+        classes=object() if settings.accounts else None,
     )
     fake_aws: Any = SimpleNamespace(
         budget=SimpleNamespace(set_share=lambda share: None),
