@@ -8,7 +8,8 @@ rebuilt.
 
 helm (hack/helm) is built the same way, but only on demand by `ensure_helm()`: the
 chart tests need it, the control plane does not; so are a node's kubelet, kube-proxy and
-kube-scheduler (hack/node, `ensure_node()`), for the test that runs the chart's pods.
+kube-scheduler (hack/node, `ensure_node()`), for the test that runs the chart's pods; and
+kro's controller (hack/kro, provisioner_dev/kro.py), for the test of docs/composition.md.
 """
 
 from __future__ import annotations
