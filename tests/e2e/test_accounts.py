@@ -440,3 +440,60 @@ def test_killed_right_after_a_create_then_the_namespace_default_changes(env):
     assert wait_ready(env.kube, "Queue", ns, "later")["status"]["accountId"] == ACCOUNT_B
     env.kube.kubectl("delete", "-n", ns, "queue", "--all")
     assert wait_for(lambda: not names_everywhere(env, ns), timeout=60, what="both queues gone")
+
+
+def test_account_tags_go_under_the_class_s_and_the_resource_s_own(env):
+    """Cost allocation: a CloudAccount's tags on every resource in it, a ResourceClass's over
+    them, the resource's own over both; a class that is in use waits before it goes."""
+    team = f"team-t-{suffix()}"
+    ns = namespace(env, team)
+    body = cloud_account(team, f"arn:aws:iam::{ACCOUNT_A}:role/{ROLE}", {"team": team})
+    body["spec"]["tags"] = {"cost-center": "from-account", "billing": "a", "owner": "platform"}
+    env.kube.kubectl("apply", "-f", "-", input=json.dumps(body))
+    tiers = {
+        "apiVersion": "cloud.provisioner.dev/v1beta1",
+        "kind": "ResourceClass",
+        "metadata": {"name": team},
+        "spec": {
+            "kind": "Queue",
+            "default": True,
+            "namespaceSelector": {"matchLabels": {"team": team}},
+            "tags": {"cost-center": "from-class"},
+        },
+    }
+    env.kube.kubectl("apply", "-f", "-", input=json.dumps(tiers))
+    spec = {"account": team, "tags": {"owner": "team"}}
+    apply_in(env, ns, [("Queue", "q", json.dumps(spec))])
+    queue = wait_ready(env.kube, "Queue", ns, "q", timeout=90)
+    tags = env.as_account(ACCOUNT_A, "sqs").list_queue_tags(QueueUrl=queue["status"]["queueUrl"])
+    assert {k: v for k, v in tags["Tags"].items() if not k.startswith("provisioner.dev/")} == {
+        "cost-center": "from-class",
+        "billing": "a",
+        "owner": "team",
+    }
+    # The account's tags change: the queue follows.
+    env.kube.kubectl(
+        "patch", "cloudaccount", team, "--type=merge", "-p", '{"spec":{"tags":{"billing":"b"}}}'
+    )
+    wait_for(
+        lambda: (
+            env.as_account(ACCOUNT_A, "sqs")
+            .list_queue_tags(QueueUrl=queue["status"]["queueUrl"])["Tags"]
+            .get("billing")
+            == "b"
+        ),
+        timeout=60,
+        what="the account's new tag on the queue",
+    )
+    env.kube.kubectl("delete", "resourceclass", team, "--wait=false")
+    wait_for(
+        lambda: events(env.kube, "default", team, "InUse"),
+        timeout=60,
+        what="an InUse Event on the ResourceClass",
+    )
+    env.kube.kubectl("delete", "queue", "q", "-n", ns, "--wait=false")
+    wait_for(
+        lambda: env.kube.kubectl("get", "resourceclass", team, check=False).returncode != 0,
+        timeout=90,
+        what="the class to go once its queue is gone",
+    )

@@ -294,6 +294,18 @@ def test_editing_a_class_updates_the_queues_that_use_it(kube, operator, aws, tea
         what="an Updated Event naming the class on each queue",
     )
     assert attribute("own", "VisibilityTimeout") == "45"  # it names no class
+    # Plan-only shows what a class would set, before anything is made.
+    planned = {f"{GROUP}/plan-only": "true"}
+    apply(kube, namespace, cr("Queue", "planned", {"className": name}, planned))
+    plan = wait_for(
+        lambda: ((get(kube, "queue", namespace, "planned") or {}).get("status") or {}).get("plan"),
+        what="the plan of a queue of the class",
+    )
+    assert plan["action"] == "Create"
+    assert plan["class"] == {
+        "name": name,
+        "fields": ["spec.visibilityTimeoutSeconds", "spec.tags.tier"],
+    }
     got = get(kube, "queue", namespace, "q1")
     assert got["status"]["class"]["generation"] == 2
     assert not any(

@@ -246,3 +246,45 @@ def test_deleting_a_namespace_deletes_its_paused_resources(kube, operator, aws):
     )
     with pytest.raises(aws.sqs.exceptions.QueueDoesNotExist):
         aws.sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])
+
+
+def test_a_tenant_can_neither_write_a_class_nor_use_one_that_is_not_for_it(
+    kube, operator, namespace, other_namespace, edit_covers_the_kinds
+):
+    run = tenant(kube, namespace)
+    name = f"team-{uuid.uuid4().hex[:8]}"
+    body = {
+        "apiVersion": f"{GROUP}/v1beta1",
+        "kind": "ResourceClass",
+        "metadata": {"name": name},
+        "spec": {
+            "kind": "Queue",
+            "default": True,
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": other_namespace}},
+            "defaults": {"visibilityTimeoutSeconds": 120},
+        },
+    }
+    refused = run("create", "-f", "-", input=json.dumps(body))
+    assert refused.returncode != 0 and "forbidden" in refused.stderr.lower(), refused.stderr
+    # One the platform made for another namespace: neither editable nor usable here.
+    kube.kubectl("create", "-f", "-", input=json.dumps(body))
+    try:
+        patched = run(
+            "patch", "rclass", name, "--type=merge",
+            "-p", '{"spec":{"namespaceSelector":{"matchLabels":{}}}}',
+        )  # fmt: skip
+        assert patched.returncode != 0 and "forbidden" in patched.stderr.lower()
+        deleted = run("delete", "rclass", name, "--wait=false")
+        assert deleted.returncode != 0 and "forbidden" in deleted.stderr.lower()
+        as_tenant(run, "apply", "-f", "-", input=resource("Queue", "q", {"className": name}))
+        got = wait_condition(kube, "queue", namespace, "q", "Synced", "False", "ClassNotAllowed")
+        assert "queueUrl" not in (got.get("status") or {})
+        # Its default class does not reach here either: a bare queue gets the schema default.
+        as_tenant(run, "apply", "-f", "-", input=resource("Queue", "bare", {}))
+        bare = wait_ready(kube, "queue", namespace, "bare")
+        assert "class" not in bare["status"]
+        for queue in ("q", "bare"):
+            as_tenant(run, "delete", "queue", queue, "--wait=false")
+            wait_gone(kube, "queue", namespace, queue)
+    finally:
+        kube.kubectl("delete", "rclass", name, "--wait=false", check=False)
