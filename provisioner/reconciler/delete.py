@@ -52,7 +52,8 @@ class Deletion:
             if held is not None:
                 return held
         if kinds.descriptor(resource.kind).deletion_protected(resource.spec):
-            return _protected(resource, retry)
+            if await self._made(resource):
+                return _protected(resource, retry)
         access = self.grants.held(resource)
         if resource.deletion_policy == "Retain" and access is None:
             return await self._retain(resource, done)
@@ -70,6 +71,18 @@ class Deletion:
         if resource.deletion_policy == "Retain":
             return await self._retain(resource, done)
         return await self._delete_in_cloud(resource, retry, done)
+
+    async def _made(self, resource: Resource) -> bool:
+        """Whether there is a cloud resource to protect: a resource refused before any
+        create (never placed, or nothing of its name in the cloud) is not held."""
+        try:
+            placed = await self.placement.place(resource, deleting=True)
+        except AccountRefused:
+            if pinned(resource.status):
+                raise
+            return False
+        obs = await self.observer.observe_plainly(placed)
+        return obs.exists and ownership.is_ours(placed, obs)
 
     async def _held_by_pause(self, resource: Resource, retry: int, done: Result) -> Result | None:
         """A paused resource's deletion waits; in a namespace being deleted, it goes on."""

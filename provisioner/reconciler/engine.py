@@ -1,7 +1,7 @@
 """The reconciler's engine: the entry points and one pass, going forward through the
 stages, each in its own module:
 
-    guardrails -> placement -> plan-only | (dependencies -> observe -> converge ->
+    classing -> guardrails -> placement -> plan-only | (dependencies -> observe -> converge ->
     readiness (connection Secret, access)) -> failure mapping -> expiry
 
 and on deletion: delete (guardrails, placement, access, the cloud, the Secret).
@@ -16,7 +16,6 @@ schedules by is the pass's typed `Verdict`, never a condition's reason.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -29,11 +28,11 @@ from provisioner.kinds.contract import ExternalClient
 from provisioner.kube.client import Kube
 from provisioner.model import annotations as annotation_keys
 from provisioner.model import conditions as cond
-from provisioner.model.classes import ClassRefused, ResourceClass
 from provisioner.model.resource import Resource
 from provisioner.placement.accounts import Directory
 from provisioner.placement.classes import Classes
 from provisioner.reconciler import guardrails, ownership, readiness
+from provisioner.reconciler.classing import Classing
 from provisioner.reconciler.converge import Converge
 from provisioner.reconciler.delete import Deletion
 from provisioner.reconciler.dependencies import Dependencies
@@ -79,14 +78,17 @@ class Reconciler:
         classes: Classes | None = None,
     ) -> None:
         self.settings = settings
-        # ResourceClasses (None: served only with CloudAccounts, --accounts=on).
-        self.classes = classes
         self.kube = kube
         self.clients = clients
         self.post_event = post_event
         self.directory = directory
         self.states = States()
         self.workers = Workers(settings, clients, self.states)
+        self.classing = Classing(classes, self.resource, self.workers, self.states)
+        # ResourceClasses (None: served only with CloudAccounts, --accounts=on).
+        self.classes = classes
+        self.classed = self.classing.classed
+        self.class_affected = self.classing.affected
         self.placement = Placement(settings, directory, own_account, self.workers, self.states)
         self.observer = Observer(clients, self.workers, self.states)
         self.dependencies = Dependencies(kube, self.workers)
@@ -120,31 +122,6 @@ class Reconciler:
     def access(self, access: Access | None) -> None:
         self.grants.access = access
 
-    def class_affected(
-        self,
-        before: ResourceClass | None,
-        now: ResourceClass | None,
-        namespace: str | None = None,
-    ) -> list[str]:
-        """The resources to look at again after a ResourceClass changed from `before` to
-        `now` (those that name it, and those that name none where it is or was a default),
-        or (`namespace`) after that namespace's labels changed."""
-        changed = [c for c in (before, now) if c is not None]
-        names = {c.name for c in changed}
-        kinds_of = {c.kind for c in changed}
-        default = any(c.default for c in changed)
-        found = []
-        for uid, state in self.states.items():
-            if state.classed is None:
-                continue
-            kind, ns, named = state.classed
-            if namespace is not None:
-                if ns == namespace and self.classes is not None and self.classes.classes:
-                    found.append(uid)
-            elif kind in kinds_of and (named in names or (not named and default)):
-                found.append(uid)
-        return found
-
     def lock(self, uid: str) -> Any:
         """The resource's lock (held by every pass over it)."""
         return self.states.of(uid).lock
@@ -159,32 +136,6 @@ class Reconciler:
         # A paused resource gets no cloud call at all, batched reads included.
         self.states.of(resource.uid).paused = resource.paused
         return resource
-
-    async def classed(self, body: Mapping[str, Any]) -> Resource:
-        """The resource with its effective spec: completed from its ResourceClass, if one
-        applies (provisioner/placement/classes.py); a refusal is kept for its pass."""
-        resource = self.resource(body)
-        named = str((body.get("spec") or {}).get("className") or "")
-        classes = self.classes
-        self.states.of(resource.uid).classed = (resource.kind, resource.namespace, named)
-        if classes is None:
-            if not named:
-                return resource
-            refused = ClassRefused(
-                cond.CLASS_NOT_FOUND,
-                f"ResourceClass {named}: this operator serves no ResourceClasses "
-                "(started with --accounts=off)",
-            )
-            return dataclasses.replace(resource, class_refused=refused)
-        if classes.listed and not classes.classes and not named:
-            return resource  # no class at all: nothing to read
-        try:
-            effective, use = await self.in_thread(classes.apply, body)
-        except ClassRefused as exc:
-            return dataclasses.replace(resource, class_refused=exc)
-        if use is None:
-            return resource
-        return dataclasses.replace(self.resource(effective), class_use=use)
 
     # -- entry points ---------------------------------------------------------------
 

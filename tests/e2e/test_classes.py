@@ -44,14 +44,16 @@ def vpc(aws) -> Vpc:
 @pytest.fixture
 def team(kube, namespace) -> Iterator[tuple[str, dict[str, str]]]:
     """The test's namespace with a label of its own, and a selector of that label; its
-    classes are deleted at the end (a class in use waits for its resources first)."""
+    classes (those that select it, or bear the label's value in their name) are deleted at
+    the end (a class in use waits for its resources first)."""
     label = {"class-test": f"c{uuid.uuid4().hex[:8]}"}
     kube.kubectl("label", "namespace", namespace, *(f"{k}={v}" for k, v in label.items()))
     yield namespace, label
     found = kube.kubectl("get", "rclass", "-o", "json").stdout
     for item in yaml.safe_load(found)["items"]:
-        if (item["spec"].get("namespaceSelector") or {}).get("matchLabels") == label:
-            name = item["metadata"]["name"]
+        name = item["metadata"]["name"]
+        selects = (item["spec"].get("namespaceSelector") or {}).get("matchLabels") == label
+        if selects or label["class-test"] in name:
             kube.kubectl("delete", "rclass", name, "--wait=false", check=False)
             # The keeper that held its finalizer is stopped by now.
             kube.kubectl(
@@ -397,3 +399,48 @@ def test_a_class_with_invalid_defaults_is_not_ready_and_serves_no_one(kube, oper
     assert "queueUrl" not in (got.get("status") or {})
     kube.kubectl("delete", "queue", "jobs", "-n", namespace, "--wait=false")
     wait_gone(kube, "queue", namespace, "jobs")
+
+
+def test_the_production_class_example_applies_and_completes_its_database(
+    kube, operator, vpc, team, keeper
+):
+    """examples/production/class.yaml, with this test's namespace label, subnet group and key
+    in place of the reader's: the class is checked Ready, and a plan of its database shows
+    what the class fills in; nothing made in the cloud, so the protected database goes at once."""
+    namespace, label = team
+    group = f"private-db-{label['class-test']}"
+    vpc.rds.create_db_subnet_group(
+        DBSubnetGroupName=group, DBSubnetGroupDescription="private", SubnetIds=vpc.subnets
+    )
+    klass, database = yaml.safe_load_all((REPO_ROOT / "examples/production/class.yaml").read_text())
+    name = f"prod-postgres-{label['class-test']}"
+    klass["metadata"]["name"] = name
+    klass["spec"]["namespaceSelector"] = {"matchLabels": label}
+    klass["spec"]["defaults"]["network"] = {"subnetGroupName": group}
+    klass["spec"]["defaults"]["encryption"] = {"kmsKeyId": vpc.key}
+    apply_class(kube, yaml.safe_dump(klass))
+    assert condition(class_ready(kube, name), "Ready")["status"] == "True"
+
+    database["spec"]["className"] = name
+    database["metadata"]["annotations"] = {f"{GROUP}/plan-only": "true"}
+    kube.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(database))
+    planned = wait_for(
+        lambda: (
+            (got := get(kube, "dbi", namespace, "orders"))
+            and (got.get("status") or {}).get("plan", {}).get("class")
+            and got
+        ),
+        what="the plan of the example's database",
+    )
+    plan = planned["status"]["plan"]
+    assert plan["action"] == "Create"
+    assert plan["class"]["name"] == name
+    filled = {"network", "encryption", "deletionProtection", "backupRetentionDays"}
+    assert {f"spec.{f}" for f in filled} | {"spec.tags.cost-center"} <= set(plan["class"]["fields"])
+    made = vpc.rds.describe_db_instances()["DBInstances"]
+    groups = [(i.get("DBSubnetGroup") or {}).get("DBSubnetGroupName") for i in made]
+    assert group not in groups
+
+    # Protected by the class, but nothing was made: the deletion is not held.
+    kube.kubectl("delete", "dbi", "orders", "-n", namespace, "--wait=false")
+    wait_gone(kube, "dbi", namespace, "orders")

@@ -233,14 +233,18 @@ def webhook_secret_rules(release: Release) -> set[tuple[str, str, str]]:
     }
 
 
-# CloudAccounts and namespaces are cluster-scoped: every operator reads them (which account a
-# namespace may use); only a cluster-wide one keeps CloudAccounts' finalizer and status.
-ACCOUNT_READS = {(f"cloudaccounts.{GROUP}", "", v) for v in ("get", "list", "watch")} | {
-    ("namespaces", "", v) for v in ("get", "list", "watch")
-}
+# CloudAccounts, ResourceClasses and namespaces are cluster-scoped: every operator reads them
+# (which account and class a namespace may use); only a cluster-wide one keeps CloudAccounts'
+# and ResourceClasses' finalizers and status.
+ACCOUNT_READS = {
+    (f"{plural}.{GROUP}", "", v)
+    for plural in ("cloudaccounts", "resourceclasses")
+    for v in ("get", "list", "watch")
+} | {("namespaces", "", v) for v in ("get", "list", "watch")}
 ACCOUNT_WRITES = {
-    (f"cloudaccounts.{GROUP}", "", "patch"),
-    (f"cloudaccounts/status.{GROUP}", "", "patch"),
+    (f"{plural}{sub}.{GROUP}", "", "patch")
+    for plural in ("cloudaccounts", "resourceclasses")
+    for sub in ("", "/status")
 }
 
 
@@ -277,7 +281,7 @@ def test_template_renders_and_the_crds_are_accepted_by_the_apiserver(kube, helm,
     docs = [d for d in yaml.safe_load_all(result.stdout) if d]
     crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
     assert sorted(d["metadata"]["name"] for d in crds) == sorted(
-        [f"{k}.{GROUP}" for k in (*KINDS, "cloudaccounts")]
+        [f"{k}.{GROUP}" for k in (*KINDS, "cloudaccounts", "resourceclasses")]
         + ["clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"]
     )
     # Created (dry run) under a group of their own: the session's CRDs stay as they are, with
@@ -425,6 +429,9 @@ def test_cluster_wide_token_cannot_do_anything_else(kube, cluster_wide, namespac
         ("create", f"cloudaccounts.{GROUP}"),
         ("update", f"cloudaccounts.{GROUP}"),
         ("delete", f"cloudaccounts.{GROUP}"),
+        ("create", f"resourceclasses.{GROUP}"),
+        ("update", f"resourceclasses.{GROUP}"),
+        ("delete", f"resourceclasses.{GROUP}"),
         ("get", "nodes"),
         ("create", "customresourcedefinitions.apiextensions.k8s.io"),
         ("update", "customresourcedefinitions.apiextensions.k8s.io"),
@@ -501,6 +508,8 @@ def test_namespaced_token_cannot_reach_outside_its_namespace(kube, namespaced, n
         ("patch", "namespaces"),
         ("patch", f"cloudaccounts.{GROUP}"),
         ("patch", f"cloudaccounts.{GROUP}", "--subresource=status"),
+        ("patch", f"resourceclasses.{GROUP}"),
+        ("create", f"resourceclasses.{GROUP}"),
         ("delete", "customresourcedefinitions.apiextensions.k8s.io"),
         ("patch", f"customresourcedefinitions.apiextensions.k8s.io/cloudaccounts.{GROUP}"),
         ("create", "rolebindings.rbac.authorization.k8s.io", *own),

@@ -48,11 +48,11 @@ class Access:
 
 
 class World:
-    def __init__(self) -> None:
+    def __init__(self, kind: str = "Queue") -> None:
         self.journal: Journal = []
         self.kube = FakeKube(self.journal)
-        self.cloud = FakeCloud("Queue", journal=self.journal)
-        clients: dict[str, Any] = {"Queue": self.cloud}
+        self.cloud = FakeCloud(kind, journal=self.journal)
+        clients: dict[str, Any] = {kind: self.cloud}
         self.states = States()
         self.workers = Workers(Settings(workers=2, namespace_max_passes=0), {}, self.states)
         observer = Observer(clients, self.workers, self.states)
@@ -85,6 +85,16 @@ class World:
 @pytest.fixture
 def world() -> Iterator[World]:
     made = World()
+    try:
+        yield made
+    finally:
+        made.workers.executor.shutdown(wait=True)
+        made.workers.look_executor.shutdown(wait=True)
+
+
+@pytest.fixture
+def db_world() -> Iterator[World]:
+    made = World("DatabaseInstance")
     try:
         yield made
     finally:
@@ -224,8 +234,7 @@ def test_paused_holds_the_deletion(world, no_jitter):
     assert world.kube.secret_writes == []
 
 
-@pytest.mark.parametrize("policy", ["Delete", "Snapshot", "Retain"])
-def test_deletion_protection_holds_the_deletion_whatever_the_policy(world, no_jitter, policy):
+def protected_database(policy: str) -> Resource:
     body = {
         "kind": "DatabaseInstance",
         "metadata": {
@@ -242,7 +251,15 @@ def test_deletion_protection_holds_the_deletion_whatever_the_policy(world, no_ji
             "deletionProtection": True,
         },
     }
-    r = kinds.parse(body, region="us-east-1", cluster_id="test")
+    return kinds.parse(body, region="us-east-1", cluster_id="test")
+
+
+@pytest.mark.parametrize("policy", ["Delete", "Snapshot", "Retain"])
+def test_deletion_protection_holds_the_deletion_whatever_the_policy(db_world, no_jitter, policy):
+    world = db_world
+    r = protected_database(policy)
+    world.cloud.seed(r)
+    calls_before = len(world.cloud.calls)
     result = world.delete(r, LATE)
     assert not result.release_finalizer and result.for_generation is False
     assert shown(result) == {
@@ -254,13 +271,28 @@ def test_deletion_protection_holds_the_deletion_whatever_the_policy(world, no_ji
     assert '{"spec":{"deletionProtection":false}}' in synced.message
     assert f"deletionPolicy {policy}" in synced.message
     assert events(result) == [("Warning", cond.DELETION_PROTECTED)]
-    assert world.cloud.calls == [] and world.kube.secret_writes == []
+    # Looked at, never deleted, and the Secret stays.
+    assert [c.method for c in world.cloud.calls[calls_before:]] == ["observe"]
+    assert r.external_name in world.cloud.objects and world.kube.secret_writes == []
     # Said once: a pass that finds the same condition posts no second Event.
     shown_before = dataclasses.replace(
         r, status={"conditions": [{"type": "Synced", "status": "False",
                                    "reason": cond.DELETION_PROTECTED, "message": synced.message}]}
     )  # fmt: skip
     assert events(world.delete(shown_before, LATE)) == []
+
+
+@pytest.mark.parametrize("policy", ["Delete", "Snapshot", "Retain"])
+def test_deletion_protection_holds_nothing_where_nothing_was_made(db_world, policy):
+    """A protected database refused before any create (nothing of its name in the cloud)
+    goes at once: there is nothing to protect, and its namespace is not held."""
+    r = protected_database(policy)
+    db_world.with_secret(r)
+    result = db_world.delete(r, LATE)
+    assert done(result)
+    assert events(result) == [("Normal", "Retained" if policy == "Retain" else "Deleted")]
+    assert db_world.cloud.objects == {}
+    assert all(c.method == "observe" for c in db_world.cloud.calls)
 
 
 def test_a_namespace_being_deleted_overrides_the_pause(world):
