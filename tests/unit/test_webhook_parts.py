@@ -324,6 +324,10 @@ def test_small_reviews_are_answered_while_a_large_one_converts(port: int) -> Non
     longest = max(waits, default=window)
     print(f"\n{len(waits)} small reviews answered in the {window:.2f} s the large one took")
     print(f"the slowest small review took {longest:.3f} s")
-    # Off the event loop, the longest wait is the parse of the large body (a C call that
-    # holds the interpreter's lock), a fraction of the conversion.
-    assert len(waits) >= 3 and longest < window / 2, (waits, window)
+    # On the event loop, the one small review sent meanwhile would wait out the whole
+    # conversion, and none other would be answered before it ends. Off it, they keep being
+    # answered, most at once: a busy machine may hold one of them back for the parse of the
+    # large body (a C call that holds the interpreter's lock) or a lost time slice, so the
+    # typical (median) wait is what is compared, not the single longest.
+    median = sorted(waits)[len(waits) // 2] if waits else window
+    assert len(waits) >= 3 and median < window / 4, (waits, window)
