@@ -178,6 +178,18 @@ def manifests(kind_specs: list[tuple[str, str, str]], version: str = "v1alpha1")
     )
 
 
+def resource_class(name: str, kind: str, namespace_labels: dict[str, str], **spec: Any) -> str:
+    """A ResourceClass of `kind` selecting the namespaces with `namespace_labels`, as JSON
+    (which kubectl reads as YAML)."""
+    body = {
+        "apiVersion": "cloud.provisioner.dev/v1beta1",
+        "kind": "ResourceClass",
+        "metadata": {"name": name},
+        "spec": {"kind": kind, "namespaceSelector": {"matchLabels": namespace_labels}, **spec},
+    }
+    return json.dumps(body)
+
+
 def merge_patch(kube, kind: str, namespace: str, name: str, patch: str) -> None:
     """`kubectl patch --type=merge`, as a user changes a field of a CR."""
     kube.kubectl("patch", kind, name, "-n", namespace, "--type=merge", "-p", patch)

@@ -52,7 +52,7 @@ class Deletion:
             if held is not None:
                 return held
         if kinds.descriptor(resource.kind).deletion_protected(resource.spec):
-            if await self._made(resource):
+            if pinned(resource.status) or await self._made(resource):
                 return _protected(resource, retry)
         access = self.grants.held(resource)
         if resource.deletion_policy == "Retain" and access is None:
@@ -73,8 +73,9 @@ class Deletion:
         return await self._delete_in_cloud(resource, retry, done)
 
     async def _made(self, resource: Resource) -> bool:
-        """Whether there is a cloud resource to protect: a resource refused before any
-        create (never placed, or nothing of its name in the cloud) is not held."""
+        """Whether a resource that was never pinned (refused before any create, plan-only,
+        or its status lost) has a cloud resource of ours to protect: nothing there, and it
+        is not held. A pinned one is held without a look."""
         try:
             placed = await self.placement.place(resource, deleting=True)
         except AccountRefused:

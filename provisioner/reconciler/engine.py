@@ -85,8 +85,6 @@ class Reconciler:
         self.states = States()
         self.workers = Workers(settings, clients, self.states)
         self.classing = Classing(classes, self.resource, self.workers, self.states)
-        # ResourceClasses (None: served only with CloudAccounts, --accounts=on).
-        self.classes = classes
         self.classed = self.classing.classed
         self.class_affected = self.classing.affected
         self.placement = Placement(settings, directory, own_account, self.workers, self.states)
@@ -111,6 +109,11 @@ class Reconciler:
         self.affected = self.placement.affected
         self.emit = self.events.emit
         self.warning_seconds = self.expiry.warning_seconds
+
+    @property
+    def classes(self) -> Classes | None:
+        """ResourceClasses (None: served only with CloudAccounts, --accounts=on)."""
+        return self.classing.classes
 
     @property
     def access(self) -> Access | None:

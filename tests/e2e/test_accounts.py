@@ -40,6 +40,7 @@ from tests.helpers import (
     events,
     get,
     manifests,
+    resource_class,
     secret_data,
     wait_condition,
     wait_for,
@@ -442,7 +443,7 @@ def test_killed_right_after_a_create_then_the_namespace_default_changes(env):
     assert wait_for(lambda: not names_everywhere(env, ns), timeout=60, what="both queues gone")
 
 
-def test_account_tags_go_under_the_class_s_and_the_resource_s_own(env):
+def test_account_tags_go_under_the_class_s_and_the_resource_s_own(env, request):
     """Cost allocation: a CloudAccount's tags on every resource in it, a ResourceClass's over
     them, the resource's own over both; a class that is in use waits before it goes."""
     team = f"team-t-{suffix()}"
@@ -450,18 +451,20 @@ def test_account_tags_go_under_the_class_s_and_the_resource_s_own(env):
     body = cloud_account(team, f"arn:aws:iam::{ACCOUNT_A}:role/{ROLE}", {"team": team})
     body["spec"]["tags"] = {"cost-center": "from-account", "billing": "a", "owner": "platform"}
     env.kube.kubectl("apply", "-f", "-", input=json.dumps(body))
-    tiers = {
-        "apiVersion": "cloud.provisioner.dev/v1beta1",
-        "kind": "ResourceClass",
-        "metadata": {"name": team},
-        "spec": {
-            "kind": "Queue",
-            "default": True,
-            "namespaceSelector": {"matchLabels": {"team": team}},
-            "tags": {"cost-center": "from-class"},
-        },
-    }
-    env.kube.kubectl("apply", "-f", "-", input=json.dumps(tiers))
+    tiers = resource_class(
+        team, "Queue", {"team": team}, default=True, tags={"cost-center": "from-class"}
+    )
+
+    def remove_class() -> None:
+        # Whatever failed, the class goes (a leftover would select nothing).
+        env.kube.kubectl("delete", "resourceclass", team, "--wait=false", check=False)
+        env.kube.kubectl(
+            "patch", "resourceclass", team, "--type=merge",
+            "-p", '{"metadata":{"finalizers":null}}', check=False,
+        )  # fmt: skip
+
+    request.addfinalizer(remove_class)
+    env.kube.kubectl("apply", "-f", "-", input=tiers)
     spec = {"account": team, "tags": {"owner": "team"}}
     apply_in(env, ns, [("Queue", "q", json.dumps(spec))])
     queue = wait_ready(env.kube, "Queue", ns, "q", timeout=90)

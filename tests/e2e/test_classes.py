@@ -23,6 +23,7 @@ from tests.helpers import (
     condition,
     events,
     get,
+    resource_class,
     try_apply,
     wait_condition,
     wait_for,
@@ -67,16 +68,6 @@ def keeper(start_operator):
     """An operator that keeps ResourceClasses (status, finalizer), as the replica that keeps
     CloudAccounts does; the session operator is namespaced and keeps neither."""
     return start_operator(args=["--manage-accounts=on"])
-
-
-def resource_class(name: str, kind: str, label: dict[str, str], **spec: Any) -> str:
-    body = {
-        "apiVersion": f"{GROUP}/v1beta1",
-        "kind": "ResourceClass",
-        "metadata": {"name": name},
-        "spec": {"kind": kind, "namespaceSelector": {"matchLabels": label}, **spec},
-    }
-    return yaml.safe_dump(body)
 
 
 def cr(kind: str, name: str, spec: dict[str, Any], annotations: dict | None = None) -> str:

@@ -25,6 +25,7 @@ from tests.helpers import (
     condition,
     events,
     get,
+    resource_class,
     secret_data,
     wait_condition,
     wait_for,
@@ -253,21 +254,17 @@ def test_a_tenant_can_neither_write_a_class_nor_use_one_that_is_not_for_it(
 ):
     run = tenant(kube, namespace)
     name = f"team-{uuid.uuid4().hex[:8]}"
-    body = {
-        "apiVersion": f"{GROUP}/v1beta1",
-        "kind": "ResourceClass",
-        "metadata": {"name": name},
-        "spec": {
-            "kind": "Queue",
-            "default": True,
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": other_namespace}},
-            "defaults": {"visibilityTimeoutSeconds": 120},
-        },
-    }
-    refused = run("create", "-f", "-", input=json.dumps(body))
+    body = resource_class(
+        name,
+        "Queue",
+        {"kubernetes.io/metadata.name": other_namespace},
+        default=True,
+        defaults={"visibilityTimeoutSeconds": 120},
+    )
+    refused = run("create", "-f", "-", input=body)
     assert refused.returncode != 0 and "forbidden" in refused.stderr.lower(), refused.stderr
     # One the platform made for another namespace: neither editable nor usable here.
-    kube.kubectl("create", "-f", "-", input=json.dumps(body))
+    kube.kubectl("create", "-f", "-", input=body)
     try:
         patched = run(
             "patch", "rclass", name, "--type=merge",

@@ -234,7 +234,9 @@ def test_paused_holds_the_deletion(world, no_jitter):
     assert world.kube.secret_writes == []
 
 
-def protected_database(policy: str) -> Resource:
+def protected_database(policy: str, pinned: bool = True) -> Resource:
+    """A database with deletionProtection; pinned: its status records its cloud name, as
+    every pass that may create writes it before the create."""
     body = {
         "kind": "DatabaseInstance",
         "metadata": {
@@ -251,7 +253,8 @@ def protected_database(policy: str) -> Resource:
             "deletionProtection": True,
         },
     }
-    return kinds.parse(body, region="us-east-1", cluster_id="test")
+    r = kinds.parse(body, region="us-east-1", cluster_id="test")
+    return dataclasses.replace(r, status={"externalName": r.external_name}) if pinned else r
 
 
 @pytest.mark.parametrize("policy", ["Delete", "Snapshot", "Retain"])
@@ -271,22 +274,36 @@ def test_deletion_protection_holds_the_deletion_whatever_the_policy(db_world, no
     assert '{"spec":{"deletionProtection":false}}' in synced.message
     assert f"deletionPolicy {policy}" in synced.message
     assert events(result) == [("Warning", cond.DELETION_PROTECTED)]
-    # Looked at, never deleted, and the Secret stays.
-    assert [c.method for c in world.cloud.calls[calls_before:]] == ["observe"]
+    # Not a call to the cloud, and the Secret stays.
+    assert world.cloud.calls[calls_before:] == []
     assert r.external_name in world.cloud.objects and world.kube.secret_writes == []
     # Said once: a pass that finds the same condition posts no second Event.
     shown_before = dataclasses.replace(
-        r, status={"conditions": [{"type": "Synced", "status": "False",
+        r, status={**r.status,
+                   "conditions": [{"type": "Synced", "status": "False",
                                    "reason": cond.DELETION_PROTECTED, "message": synced.message}]}
     )  # fmt: skip
     assert events(world.delete(shown_before, LATE)) == []
+
+
+def test_deletion_protection_holds_a_database_of_ours_whose_status_was_lost(db_world):
+    """Unpinned (its status lost, say restored from a backup without it) but ours in the
+    cloud: one look finds it, and it is held."""
+    r = protected_database("Delete", pinned=False)
+    db_world.cloud.seed(r)
+    calls_before = len(db_world.cloud.calls)
+    result = db_world.delete(r, LATE)
+    assert not result.release_finalizer
+    assert shown(result)[cond.SYNCED] == (False, cond.DELETION_PROTECTED)
+    assert [c.method for c in db_world.cloud.calls[calls_before:]] == ["observe"]
+    assert r.external_name in db_world.cloud.objects
 
 
 @pytest.mark.parametrize("policy", ["Delete", "Snapshot", "Retain"])
 def test_deletion_protection_holds_nothing_where_nothing_was_made(db_world, policy):
     """A protected database refused before any create (nothing of its name in the cloud)
     goes at once: there is nothing to protect, and its namespace is not held."""
-    r = protected_database(policy)
+    r = protected_database(policy, pinned=False)
     db_world.with_secret(r)
     result = db_world.delete(r, LATE)
     assert done(result)
