@@ -256,6 +256,8 @@ def cmd_leaks(args: argparse.Namespace) -> int:
     except (CloudError, KubeError) as exc:
         return _fail(f"cannot list resources: {exc}")
     print(leaks.report(findings))
+    if args.metrics_file:
+        leaks.write_metrics(findings, args.metrics_file)
     return 1 if findings else 0
 
 
@@ -296,6 +298,12 @@ def parser() -> argparse.ArgumentParser:
         help="list cloud resources with our cluster id and no CR, and CRs whose resource vanished",
     )
     config.add_arguments(leaks)
+    leaks.add_argument(
+        "--metrics-file",
+        metavar="PATH",
+        help="also write the findings as Prometheus metrics (provisioner_leaks{problem,kind}) "
+        "to PATH, for node_exporter's textfile collector or a Pushgateway",
+    )
     leaks.set_defaults(func=cmd_leaks)
 
     migrate = sub.add_parser(
