@@ -118,3 +118,21 @@ def test_dashboard_files_are_grafana_dashboards_with_unique_ids():
         for panel in board["panels"]:
             assert panel["datasource"]["uid"] == "${datasource}", (path.name, panel["title"])
             assert panel["targets"] and all(t["expr"] for t in panel["targets"])
+
+
+def test_lint_is_clean_with_everything_on(helm: Path):
+    import subprocess
+
+    sets = [
+        "monitoring.serviceMonitor.enabled=true",
+        "monitoring.prometheusRule.enabled=true",
+        "monitoring.dashboards.enabled=true",
+    ]
+    result = subprocess.run(
+        [str(helm), "lint", "--strict", str(CHART), *(a for s in sets for a in ("--set", s))],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "[WARNING]" not in result.stdout and "[ERROR]" not in result.stdout, result.stdout
