@@ -79,10 +79,16 @@ class QueryError(RuntimeError):
     """Prometheus refused a query (it does not parse, or failed); the message is its error."""
 
 
-def scrape_config(targets: dict[str, list[str]], interval: str = SCRAPE_INTERVAL) -> str:
-    """A configuration scraping each job's `host:port` targets at /metrics (JSON is YAML)."""
-    config = {
+def scrape_config(
+    targets: dict[str, list[str]],
+    interval: str = SCRAPE_INTERVAL,
+    rule_files: list[Path] | None = None,
+) -> str:
+    """A configuration scraping each job's `host:port` targets at /metrics and evaluating
+    `rule_files` at the same interval (JSON is YAML)."""
+    config: dict[str, Any] = {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
+        "rule_files": [str(path) for path in rule_files or []],
         "scrape_configs": [
             {
                 "job_name": job,
@@ -102,6 +108,8 @@ class PrometheusServer(LoopbackService):
 
     binary: Path
     targets: dict[str, list[str]] = field(default_factory=dict)
+    # Rule files it evaluates (alerting and recording rules).
+    rule_files: list[Path] = field(default_factory=list)
     # Its TSDB; None: a temporary directory removed by stop().
     data_dir: Path | None = None
     _own_data: bool = False
@@ -113,7 +121,7 @@ class PrometheusServer(LoopbackService):
             self._own_data = True
         config = self.log.with_suffix(".yml")
         config.parent.mkdir(parents=True, exist_ok=True)
-        config.write_text(scrape_config(self.targets))
+        config.write_text(scrape_config(self.targets, rule_files=self.rule_files))
         self.launch(
             [
                 str(self.binary),
@@ -135,6 +143,11 @@ class PrometheusServer(LoopbackService):
     def query(self, expr: str) -> list[dict[str, Any]]:
         """The instant vector `expr` evaluates to now (`[]` for none); QueryError if refused."""
         return query(self.url, expr)
+
+    def rules(self) -> list[dict[str, Any]]:
+        """Every rule loaded, as /api/v1/rules shows it (health, state, lastError...)."""
+        body = _get_json(f"{self.url}/api/v1/rules")
+        return [rule for group in body["data"]["groups"] for rule in group["rules"]]
 
     def targets_health(self, job: str) -> list[dict[str, Any]]:
         """The active targets of `job` as /api/v1/targets shows them."""

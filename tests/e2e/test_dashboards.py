@@ -22,7 +22,8 @@ from tests.helpers import apply, manifests, wait_condition, wait_for, wait_gone,
 
 pytestmark = pytest.mark.e2e
 
-DASHBOARDS = Path(__file__).resolve().parents[2] / "deploy/helm/provisioner/files/dashboards"
+CHART_FILES = Path(__file__).resolve().parents[2] / "deploy/helm/provisioner/files"
+DASHBOARDS = CHART_FILES / "dashboards"
 # Grafana's variables, as "All" and a rate window covering the whole test give them.
 VARIABLES = {"$namespace": ".*", "$account": ".*", "$__rate_interval": "10m"}
 # Panels with no series in this demo, by (dashboard file, panel title), and why.
@@ -70,6 +71,7 @@ def test_every_dashboard_panel_returns_series(
     prometheus = PrometheusServer(
         binary=prometheus_binary,
         targets={"provisioner": [f"127.0.0.1:{port}"]},
+        rule_files=[CHART_FILES / "alerts.yaml"],
         log=tmp_path / "prometheus.log",
     )
     prometheus.start(timeout=120)
@@ -99,6 +101,7 @@ def test_every_dashboard_panel_returns_series(
         assert not empty, "panels without series:\n" + "\n".join(empty)
         assert checked >= 25
         _check_values(prometheus)
+        _check_alerts(prometheus)
     finally:
         prometheus.stop()
 
@@ -123,6 +126,24 @@ def _check_values(prometheus: PrometheusServer) -> None:
         timeout=120,
         what="the sharder to find no resource without an owner",
     )
+
+
+def _check_alerts(prometheus: PrometheusServer) -> None:
+    """The chart's alert rules, evaluated every second against the same series: every one
+    evaluates without an error, and those about a healthy operator stay inactive."""
+
+    def evaluated() -> list[dict] | None:
+        rules = prometheus.rules()
+        done = all(r.get("lastEvaluation", "").startswith("2") for r in rules)
+        return rules if rules and done else None
+
+    rules = wait_for(evaluated, timeout=60, what="every alert rule to be evaluated")
+    assert len(rules) >= 14
+    failing = [f"{r['name']}: {r.get('lastError')}" for r in rules if r["health"] != "ok"]
+    assert not failing, failing
+    state = {r["name"]: r["state"] for r in rules}
+    for healthy in ("ProvisionerDown", "ProvisionerNoSharder", "ProvisionerNotReconciling"):
+        assert state[healthy] == "inactive", (healthy, state)
 
 
 def _make_series(kube, aws, namespace: str) -> None:

@@ -197,6 +197,13 @@ def test_the_sharder_counts_what_had_no_live_owner_in_its_full_round():
     assert not samples(metrics.ShardingCollector())  # sharding off: no series
 
 
+def test_the_results_exported_at_zero_are_every_result_a_pass_can_have():
+    from provisioner.reconciler.outcome import Verdict
+
+    labels = {v.metric_label(requeued) for v in Verdict for requeued in (False, True)}
+    assert labels | {"deleted"} == set(metrics.RESULTS)
+
+
 def test_counters_known_in_advance_start_at_zero():
     metrics.zero_counters()
     text = generate_latest(metrics.REGISTRY).decode()
