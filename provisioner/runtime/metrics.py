@@ -153,8 +153,10 @@ def recorded(
     ready = next((c for c in conditions if c.get("type") == "Ready"), None)
     deleting_since = epoch(meta.get("deletionTimestamp"))
     not_ready_since = None
-    # A CR being deleted is not Ready by design: its wait is the deletion's, counted apart.
-    if deleting_since is None and (ready is None or ready.get("status") != "True"):
+    paused = any(c.get("type") == "Synced" and c.get("reason") == "Paused" for c in conditions)
+    # A CR being deleted is not Ready by design: its wait is the deletion's, counted apart. A
+    # paused one waits for whoever paused it.
+    if deleting_since is None and not paused and (ready is None or ready.get("status") != "True"):
         not_ready_since = epoch((ready or {}).get("lastTransitionTime")) or epoch(
             meta.get("creationTimestamp")
         )

@@ -62,6 +62,8 @@ def test_not_ready_since_is_the_ready_condition_s_last_transition():
     )
     assert held.deleting_since == T0
     assert held.not_ready_since is None  # its wait is the deletion's, not a Ready one
+    paused = {"type": "Synced", "status": "False", "reason": "Paused"}
+    assert metrics.recorded("Queue", [ready("False", T0), paused], meta).not_ready_since is None
 
 
 def test_the_oldest_not_ready_and_deletion_per_kind_and_zero_for_the_others():
