@@ -155,7 +155,8 @@ class PrometheusServer(LoopbackService):
         return [t for t in body["data"]["activeTargets"] if t["labels"].get("job") == job]
 
     def scrapes(self, job: str) -> int:
-        """How many scrapes of `job`'s first target Prometheus has made (the last hour's)."""
+        """How many scrapes (failed ones too) Prometheus has made of the least scraped of
+        `job`'s targets in the last hour."""
         counted = self.query(f'count_over_time(up{{job="{job}"}}[1h])')
         return min((int(float(s["value"][1])) for s in counted), default=0)
 
