@@ -220,6 +220,12 @@ def cmd_webhook(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     settings = config.from_args(args)
     kube = Kube(pool_size=4)
+    if settings.metrics_port:
+        from provisioner.runtime import metrics
+
+        # Its own series only: none of the operator's, so that an operator that is not
+        # scraped still shows as missing.
+        metrics.serve(settings.metrics_port, operator=False)
 
     async def serve() -> None:
         hook = await webhook.serve(settings, kube, asyncio.to_thread)

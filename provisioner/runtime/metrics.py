@@ -329,6 +329,9 @@ def zero_counters() -> None:
             family.labels(kind.kind)
 
 
-def serve(port: int) -> None:
-    zero_counters()
+def serve(port: int, operator: bool = True) -> None:
+    """Serve the metrics on `port`; `operator`: with the operator's counters at 0 from the
+    start (False for `provisioner webhook`, which serves only the webhook's)."""
+    if operator:
+        zero_counters()
     start_http_server(port, addr="0.0.0.0", registry=REGISTRY)

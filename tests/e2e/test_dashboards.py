@@ -29,10 +29,6 @@ VARIABLES = {"$namespace": ".*", "$account": ".*", "$__rate_interval": "10m"}
 # Panels with no series in this demo, by (dashboard file, panel title), and why.
 NO_DATA_IN_DEMO = {
     ("aws.json", "AssumeRole into CloudAccounts"): "the demo has no CloudAccount",
-    ("reconcile.json", "Webhook certificate expires in"): (
-        "the tests' operators leave the conversion webhook to a process of its own "
-        "(--webhook=off), which serves no metrics"
-    ),
 }
 
 
@@ -68,15 +64,23 @@ def test_every_dashboard_panel_returns_series(
         args=[f"--metrics-port={port}", "--sharding=on", "--shard-name=dash"],
         env={"PROVISIONER_NAMESPACE": own_namespace, "PROVISIONER_SHARD_RING": own_namespace},
     )
+    # The tests' operators leave the conversion webhook to `provisioner webhook`, a process of
+    # its own with a metrics port of its own.
+    webhook = kube.stack.webhook
+    assert webhook is not None and webhook.metrics_port
     prometheus = PrometheusServer(
         binary=prometheus_binary,
-        targets={"provisioner": [f"127.0.0.1:{port}"]},
+        targets={
+            "provisioner": [f"127.0.0.1:{port}"],
+            "provisioner-webhook": [f"127.0.0.1:{webhook.metrics_port}"],
+        },
         rule_files=[CHART_FILES / "alerts.yaml"],
         log=tmp_path / "prometheus.log",
     )
     prometheus.start(timeout=120)
     try:
         prometheus.wait_for_scrape("provisioner", timeout=120)
+        prometheus.wait_for_scrape("provisioner-webhook", timeout=120)
         _make_series(kube, aws, own_namespace)
         # Two scrapes after the last change: every rate() has its two samples.
         prometheus.wait_for_scrape("provisioner", timeout=120, scrapes=2)
@@ -116,10 +120,15 @@ def _check_values(prometheus: PrometheusServer) -> None:
     ready = 'sum by (status) (provisioner_resources{{condition="Ready", status="{}"}})'
     assert value(ready.format("True")) == 3  # dash-q, dash-b, dash-t
     assert value(ready.format("False")) == 2  # dash-waits and dash-conflict
-    assert (value('provisioner_resources_not_ready_oldest_seconds{kind="Queue"}') or 0) > 0
-    assert value('provisioner_resources_not_ready_oldest_seconds{kind="S3Bucket"}') == 0
-    assert value('provisioner_deletions_oldest_seconds{kind="Queue"}') == 0  # dash-gone is gone
+    assert (value('max(provisioner_resources_not_ready_oldest_seconds{kind="Queue"})') or 0) > 0
+    assert value('max(provisioner_resources_not_ready_oldest_seconds{kind="S3Bucket"})') == 0
+    assert (
+        value('max(provisioner_deletions_oldest_seconds{kind="Queue"})') == 0
+    )  # dash-gone is gone
     assert value("provisioner_sharding_sharder") == 1 and value("provisioner_sharding_members") == 1
+    # The webhook's certificate: valid for about a year (renewed 30 days ahead), its CA longer.
+    expires_in = value("provisioner_webhook_certificate_expiry_timestamp_seconds - time()") or 0
+    assert 30 * 86400 < expires_in <= 366 * 86400
     # Its full rounds (every 30 s) see every resource owned once those made here are labelled.
     wait_for(
         lambda: value("provisioner_sharding_unowned_resources") == 0,
