@@ -220,6 +220,12 @@ def cmd_webhook(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     settings = config.from_args(args)
     kube = Kube(pool_size=4)
+    if settings.metrics_port:
+        from provisioner.runtime import metrics
+
+        # Its own series only: none of the operator's, so that an operator that is not
+        # scraped still shows as missing.
+        metrics.serve(settings.metrics_port, operator=False)
 
     async def serve() -> None:
         hook = await webhook.serve(settings, kube, asyncio.to_thread)
@@ -256,6 +262,8 @@ def cmd_leaks(args: argparse.Namespace) -> int:
     except (CloudError, KubeError) as exc:
         return _fail(f"cannot list resources: {exc}")
     print(leaks.report(findings))
+    if args.metrics_file:
+        leaks.write_metrics(findings, args.metrics_file)
     return 1 if findings else 0
 
 
@@ -296,6 +304,12 @@ def parser() -> argparse.ArgumentParser:
         help="list cloud resources with our cluster id and no CR, and CRs whose resource vanished",
     )
     config.add_arguments(leaks)
+    leaks.add_argument(
+        "--metrics-file",
+        metavar="PATH",
+        help="also write the findings as Prometheus metrics (provisioner_leaks{problem,kind}) "
+        "to PATH, for node_exporter's textfile collector or a Pushgateway",
+    )
     leaks.set_defaults(func=cmd_leaks)
 
     migrate = sub.add_parser(

@@ -8,8 +8,10 @@ rebuilt.
 
 helm (hack/helm) is built the same way, but only on demand by `ensure_helm()`: the
 chart tests need it, the control plane does not; so are a node's kubelet, kube-proxy and
-kube-scheduler (hack/node, `ensure_node()`), for the test that runs the chart's pods; and
-kro's controller (hack/kro, provisioner_dev/kro.py), for the test of docs/composition.md.
+kube-scheduler (hack/node, `ensure_node()`), for the test that runs the chart's pods;
+kro's controller (hack/kro, provisioner_dev/kro.py), for the test of docs/composition.md; and
+Prometheus and promtool (hack/prometheus, provisioner_dev/prometheus.py), for the alert rules'
+and dashboards' tests and `provisioner dev up --observability`.
 """
 
 from __future__ import annotations

@@ -48,10 +48,31 @@ def cmd_dev_up(args: argparse.Namespace) -> int:
         if has != external:
             where = f"the cluster in {has}" if has else "its own control plane"
             return _fail(f"the running stack uses {where}: `provisioner dev down` first")
+        if args.observability and not running.get("observability"):
+            return _fail(
+                "the running stack has no observability backends: `provisioner dev down` first"
+            )
+    backends = tuple(observability_names()) if args.observability else ()
     try:
-        state = stack.up(with_operator=not args.no_operator, cloud=cloud, kubeconfig=external)
+        state = stack.up(
+            with_operator=not args.no_operator,
+            cloud=cloud,
+            kubeconfig=external,
+            backends=backends,
+        )
     except (BuildError, StartError, RuntimeError, ProfileError) as exc:
         return _fail(str(exc))
+    _print_up(state)
+    return 0
+
+
+def observability_names() -> list[str]:
+    from provisioner_dev.observability import names
+
+    return names()
+
+
+def _print_up(state: dict) -> None:
     if state.get("external_cluster"):
         print(f"cluster:       {state['external_cluster']} (yours; CRDs installed by dev up)")
     else:
@@ -66,11 +87,14 @@ def cmd_dev_up(args: argparse.Namespace) -> int:
         print(f"requested-by:  {how} never changed (the chart's admission policies)")
     if state.get("oidc_issuer"):
         print(f"spec.access:   irsa, issuer {state['oidc_issuer']} (an IAM OIDC provider in moto)")
+    for name, backend in (state.get("observability") or {}).items():
+        print(f"{name + ':':14} {backend['url']}")
+    if state.get("metrics_port"):
+        print(f"metrics:       http://127.0.0.1:{state['metrics_port']}/metrics (the operator's)")
     print("environment:   source .dev/env")
     print(f"processes:     {', '.join(f'{k}={v}' for k, v in state['pids'].items())}")
     if "operator" not in state["pids"]:
         print("operator:      not started (--no-operator); run your own: provisioner run")
-    return 0
 
 
 def cmd_dev_demo(args: argparse.Namespace) -> int:
@@ -108,9 +132,14 @@ def cmd_dev_status(args: argparse.Namespace) -> int:
         print(f"moto      {state['moto_url']}: ready")
         if operator == "dead":
             print("`provisioner dev up` starts the operator again and keeps the rest")
+    dead_backends = stack.dead_backends(state)
+    for name, backend in (state.get("observability") or {}).items():
+        print(f"{name + ':':10} {backend['url']} {'DEAD' if name in dead_backends else 'ready'}")
+    if dead_backends and not problems:
+        print(f"`provisioner dev up` starts {', '.join(dead_backends)} again and keeps the rest")
     if args.json:
         print(json.dumps(state, indent=2))
-    return 1 if problems or operator == "dead" else 0
+    return 1 if problems or operator == "dead" or dead_backends else 0
 
 
 def cmd_dev_down(args: argparse.Namespace) -> int:
@@ -168,6 +197,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         default="instant",
         help="instant (moto as is, the default) or aws-like (AWS's durations, throttling and "
         "name holds, played by a proxy in front of moto)",
+    )
+    up.add_argument(
+        "--observability",
+        action="store_true",
+        help="also run Prometheus (built from hack/prometheus once, cached) scraping the "
+        "operator's metrics every second, and print its address; `dev down` stops it",
     )
     from provisioner_dev.cloudprofile import add_profile_arguments, names_help
 

@@ -25,6 +25,9 @@ MOTO = "moto"
 # `creating`, which names are held), so it counts like moto.
 PROXY = "awslike-proxy"
 OPERATOR = "operator"
+# `dev up --observability`'s backends (provisioner_dev/observability.py): like the operator,
+# they hold none of the environment's data, and a dead one is started again alone.
+OBSERVABILITY = "observability"
 STATE_VERSION = 2
 
 
@@ -32,9 +35,14 @@ def _part(name: str) -> str:
     return "control plane" if name in CONTROL_PLANE else name
 
 
-def record(name: str, pid: int, log: Path) -> dict:
+def record(name: str, pid: int, log: Path, part: str | None = None) -> dict:
     """What `state.json` keeps of a process `dev up` started."""
-    return {"pid": pid, "start_time": start_time(pid), "part": _part(name), "log": str(log)}
+    return {
+        "pid": pid,
+        "start_time": start_time(pid),
+        "part": part or _part(name),
+        "log": str(log),
+    }
 
 
 def _join(names: list[str]) -> str:
@@ -103,11 +111,12 @@ class DevState:
         return problems
 
     def _dead_holders(self, processes: dict) -> list[str]:
-        """The processes that hold data (all but the operator) that are dead, in one line."""
+        """The processes that hold data (all but the operator and the observability backends)
+        that are dead, in one line."""
         gone = [
             name
             for name, proc in processes.items()
-            if proc["part"] != OPERATOR and not self.is_alive(proc)
+            if proc["part"] not in (OPERATOR, OBSERVABILITY) and not self.is_alive(proc)
         ]
         return [f"{_join(gone)} {'is' if len(gone) == 1 else 'are'} dead"] if gone else []
 
@@ -134,6 +143,15 @@ class DevState:
         if proc is None:
             return "not started"
         return "running" if self.is_alive(proc) else "dead"
+
+    def dead_backends(self, state: dict) -> list[str]:
+        """The observability backends recorded in `state` whose process is not running."""
+        processes = state.get("processes", {})
+        return [
+            name
+            for name in state.get(OBSERVABILITY) or {}
+            if name not in processes or not self.is_alive(processes[name])
+        ]
 
     def running(self, state: dict) -> bool:
         return not self.dead(state)

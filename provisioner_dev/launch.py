@@ -40,6 +40,7 @@ from provisioner_dev.controlplane import (
 )
 from provisioner_dev.crds import install_crds
 from provisioner_dev.kubectl import cluster_answers, kubectl, run_kubectl
+from provisioner_dev.processes import fixed_port
 from provisioner_dev.services import FaultProxy, MotoServer, OperatorProcess, WebhookProcess
 
 if TYPE_CHECKING:
@@ -159,6 +160,7 @@ class Stack:
                 self.webhook = WebhookProcess(
                     log=(self.log_dir or self.dir) / "webhook.log",
                     kubeconfig=str(self.kubeconfig),
+                    metrics_port=fixed_port(),
                 )
                 self.webhook.start()
                 if self.existing is not None:

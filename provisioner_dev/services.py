@@ -145,12 +145,21 @@ class WebhookProcess(LoopbackService):
     operators, so that v1alpha1 objects can be written while an operator restarts."""
 
     kubeconfig: str
+    # Where it serves its metrics (the reviews, the certificate's expiry); 0: none.
+    metrics_port: int = 0
 
     def start(self, timeout: float = 60.0) -> None:
         self.port = self.port or fixed_port()
         env = dict(os.environ, KUBECONFIG=self.kubeconfig, PROVISIONER_NAMESPACE="default")
         self.launch(
-            [sys.executable, "-m", "provisioner", "webhook", f"--webhook-port={self.port}"],
+            [
+                sys.executable,
+                "-m",
+                "provisioner",
+                "webhook",
+                f"--webhook-port={self.port}",
+                f"--metrics-port={self.metrics_port}",
+            ],
             lambda: conversion_answers(self.kubeconfig),
             what="conversion webhook",
             timeout=timeout,

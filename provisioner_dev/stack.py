@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from provisioner_dev import admission
+from provisioner_dev import admission, observability
 from provisioner_dev.awsenv import aws_env
 from provisioner_dev.awslike import AwsLikeProxy
 from provisioner_dev.cloudprofile import CloudProfile
@@ -26,6 +26,7 @@ from provisioner_dev.crds import install_crds
 from provisioner_dev.devstate import (
     CONTROLLER_MANAGER,
     MOTO,
+    OBSERVABILITY,
     OPERATOR,
     PROXY,
     STATE_VERSION,
@@ -69,11 +70,14 @@ class DevStack(DevState):
         with_operator: bool = True,
         cloud: CloudProfile | None = None,
         kubeconfig: Path | None = None,
+        backends: tuple[str, ...] = (),
     ) -> dict:
         """Start what is not running; keep the control plane and moto when they run.
 
         `cloud` is the aws-like profile (None: moto as it is); a running environment keeps
         the profile it was started with (`dev up` refuses another one before calling this).
+        `backends`: the observability backends to run (observability.BACKENDS' names); a
+        running environment keeps those it was started with.
         """
         state = self.load()
         if state:
@@ -86,11 +90,28 @@ class DevStack(DevState):
             )
         self.clean(state)
         if kubeconfig is not None:
-            return self._start_external(kubeconfig, with_operator, cloud)
-        return self._start(with_operator, cloud)
+            return self._start_external(kubeconfig, with_operator, cloud, backends)
+        return self._start(with_operator, cloud, backends)
+
+    def _start_observability(self, state: dict, names: list[str]) -> None:
+        """The backends named, recorded in `state` (processes with the part OBSERVABILITY);
+        the operator is given a metrics port for them to scrape."""
+        state.setdefault("metrics_port", fixed_port())
+        for name, service in observability.start_backends(self.dev_dir, state, names).items():
+            state["processes"][name] = record(name, service.proc.pid, service.log, OBSERVABILITY)
+
+    def _stop_backends(self, state: dict) -> None:
+        for name in state.get(OBSERVABILITY) or {}:
+            proc = state.get("processes", {}).get(name)
+            if proc is not None and self.is_alive(proc):
+                stop(proc["pid"])
 
     def _start_external(
-        self, kubeconfig: Path, with_operator: bool, cloud: CloudProfile | None
+        self,
+        kubeconfig: Path,
+        with_operator: bool,
+        cloud: CloudProfile | None,
+        backends: tuple[str, ...],
     ) -> dict:
         """An existing cluster: its CRDs installed, moto and the operator run here."""
         kubeconfig = kubeconfig.resolve()
@@ -120,10 +141,13 @@ class DevStack(DevState):
             }
             install_crds(kubeconfig)
             self._as_installed(state)
+            if backends:
+                self._start_observability(state, list(backends))
             if with_operator:
                 self._start_operator(state)
         except BaseException:
             if state:
+                self._stop_backends(state)
                 remove_from_cluster(state)
             if proxy is not None:
                 proxy.stop()
@@ -149,13 +173,16 @@ class DevStack(DevState):
         processes[PROXY] = record(PROXY, proxy.proc.pid, log)
         return proxy, proxy.url
 
-    def _start(self, with_operator: bool, cloud: CloudProfile | None) -> dict:
+    def _start(
+        self, with_operator: bool, cloud: CloudProfile | None, backends: tuple[str, ...]
+    ) -> dict:
         self.dev_dir.mkdir(parents=True, exist_ok=True)
         data_dir = Path(tempfile.mkdtemp(prefix="provisioner-dev-"))
         started = time.monotonic()
         stack = Stack(dir=data_dir, log_dir=self.dev_dir, serve_webhook=False)
         kubeconfig = self.dev_dir / "kubeconfig"
         proxy: AwsLikeProxy | None = None
+        state: dict = {}
         try:
             stack.start()
             shutil.copy(stack.kubeconfig, kubeconfig)
@@ -182,9 +209,12 @@ class DevStack(DevState):
                 "gc": CONTROLLER_MANAGER in processes,
             }
             self._as_installed(state)
+            if backends:
+                self._start_observability(state, list(backends))
             if with_operator:
                 self._start_operator(state)
         except BaseException:
+            self._stop_backends(state)
             if proxy is not None:
                 proxy.stop()
             stack.stop()
@@ -196,7 +226,14 @@ class DevStack(DevState):
         return state
 
     def _keep(self, state: dict, with_operator: bool) -> dict:
-        """The control plane and moto run: start or stop only the operator."""
+        """The control plane and moto run: start or stop only the operator (and any dead
+        observability backend)."""
+        if dead := self.dead_backends(state):
+            _note(f"{', '.join(dead)} not running; starting it again (same address)")
+            for name in dead:
+                state["processes"].pop(name, None)
+            self._start_observability(state, dead)
+            self.save(state)
         proc = state["processes"].get(OPERATOR)
         operator = self.operator(state)
         if with_operator and operator == "running":
@@ -240,7 +277,10 @@ class DevStack(DevState):
             endpoint_url=state.get("cloud_url", state["moto_url"]),
             log=self.dev_dir / "operator.log",
             extra_args=[f"--webhook-port={fixed_port()}", *admission.operator_args(state)],
+            extra_env=observability.operator_env(state),
         )
+        if state.get("metrics_port"):
+            operator.extra_args.append(f"--metrics-port={state['metrics_port']}")
         try:
             operator.start()
         except BaseException:
@@ -261,6 +301,9 @@ class DevStack(DevState):
             "PROVISIONER_CLUSTER_ID": DEV_CLUSTER_ID,
             **admission.operator_env(state),
         }
+        if state.get("metrics_port"):
+            # An operator of your own (`dev up --no-operator`) is scraped where dev up's would be.
+            env_lines["PROVISIONER_METRICS_PORT"] = str(state["metrics_port"])
         text = "".join(f"export {k}={v}\n" for k, v in env_lines.items())
         env = self.dev_dir / "env"
         if not env.exists() or env.read_text() != text:

@@ -55,6 +55,13 @@ def _outcome(result: Result) -> str:
     return result.verdict.metric_label(result.requeue_after is not None)
 
 
+def _account(resource: Resource) -> str:
+    """The CloudAccount a resource lives in, for the metrics ("": the operator's own)."""
+    if resource.account is not None:
+        return resource.account.name
+    return resource.spec_account or str(resource.status.get("account") or "")
+
+
 def _measure(body: dict[str, Any], resource: Resource, result: Result, started: float) -> None:
     """Metrics for one pass: count, duration, time to Ready/deletion, conditions."""
     kind = resource.kind
@@ -75,9 +82,7 @@ def _measure(body: dict[str, Any], resource: Resource, result: Result, started: 
                 metrics.TIME_TO_READY.labels(kind).observe(elapsed)
     merged = cond.merge(resource.status.get("conditions"), result.conditions, resource.generation)
     metrics.CONDITIONS.record(
-        resource.uid,
-        kind,
-        [(c["type"], c["status"], c.get("reason", "")) for c in merged],
+        resource.uid, metrics.recorded(kind, merged, meta, _account(resource))
     )
 
 
@@ -207,11 +212,12 @@ class Handlers:
         delay = self.scheduler.track_resumed(self.reconciler.known_placement(resource))
         metrics.CONDITIONS.record(
             resource.uid,
-            resource.kind,
-            [
-                (c["type"], c["status"], c.get("reason", ""))
-                for c in resource.status.get("conditions") or []
-            ],
+            metrics.recorded(
+                resource.kind,
+                resource.status.get("conditions") or [],
+                raw.get("metadata") or {},
+                _account(resource),
+            ),
         )
         log.debug("%s at rest: next observed in %.0fs", resource.ref, delay)
         return True

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Executor
 from typing import Any
@@ -29,6 +30,10 @@ log = logging.getLogger(__name__)
 METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 
 
+# The sharders of this process (one, when sharding is on), for the metrics.
+ACTIVE: weakref.WeakSet[Sharder] = weakref.WeakSet()
+
+
 class Sharder:
     """The sharder's rounds, on whichever replica holds the sharder Lease. The label patches
     go out on `patcher`'s threads."""
@@ -46,7 +51,15 @@ class Sharder:
         self.looked_at: float | None = None  # ... and the sharder Lease last read
         self.members: frozenset[str] = frozenset()
         self.owners: dict[str, int] = {}  # member -> resources labelled with it (full rounds)
+        # Resources the last full round found with no live owner (unlabelled, or labelled
+        # with a dead member), before it labelled them: the metric of shards left unowned.
+        self.unowned = 0
         self.next_full = 0.0
+        ACTIVE.add(self)
+
+    def leading(self, now: float) -> bool:
+        """Whether this replica holds the sharder Lease as of its last round."""
+        return now < self.leading_until
 
     @property
     def shard(self) -> str:
@@ -155,6 +168,7 @@ class Sharder:
         counts = {"assigned": 0, "drained": 0, "moved": 0, "conflicts": 0, "incomplete": 0}
         owners: dict[str, int] = {}
         todo: list[tuple[str, str, Mapping[str, Any], dict[str, Any]]] = []
+        unowned = 0
         for kind in KINDS:
             selector = None if full else f"!{SHARD_LABEL}"
             for item in self._list(kind.plural, selector):
@@ -166,6 +180,7 @@ class Sharder:
                     return counts
                 if current:
                     owners[current] = owners.get(current, 0) + 1
+                unowned += current not in alive
                 if current == wanted or (current in alive and DRAIN_LABEL in labels):
                     continue
                 if current in alive:
@@ -182,7 +197,7 @@ class Sharder:
             for (what, *_), ok in zip(chunk, done, strict=True):
                 counts[what if ok else "conflicts"] += 1
         if full:
-            self.owners = owners
+            self.owners, self.unowned = owners, unowned
         return counts
 
     def shard_round(self, now: float) -> None:
@@ -194,6 +209,7 @@ class Sharder:
             raise
         if not leading:
             self.leading_until = 0.0
+            self.unowned = 0
             return
         assert self.led_at is not None
         self.leading_until = self.led_at + self.leases.deadline

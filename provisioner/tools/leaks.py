@@ -211,3 +211,33 @@ def report(findings: list[Finding]) -> str:
     ]
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     return "\n".join("  ".join(r[i].ljust(widths[i]) for i in range(3)) + "  " + r[3] for r in rows)
+
+
+def write_metrics(findings: list[Finding], path: str) -> None:
+    """The findings as Prometheus metrics in the text format, written to `path` atomically:
+    for node_exporter's textfile collector, or `curl --data-binary @path` to a Pushgateway.
+
+    provisioner_leaks{problem,kind}: findings by problem (leaked, vanished) and kind, every
+    kind of the operator's present (0 when clean); provisioner_leaks_last_run_timestamp_seconds.
+    """
+    from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
+
+    registry = CollectorRegistry()
+    gauge = Gauge(
+        "provisioner_leaks",
+        "Findings of `provisioner leaks`: cloud resources without their CR (leaked) and CRs "
+        "whose cloud resource is gone (vanished), by kind",
+        ["problem", "kind"],
+        registry=registry,
+    )
+    for problem in ("leaked", "vanished"):
+        for kind in KINDS:
+            gauge.labels(problem, kind.kind)
+    for finding in findings:
+        gauge.labels(finding.problem, finding.kind).inc()
+    Gauge(
+        "provisioner_leaks_last_run_timestamp_seconds",
+        "When `provisioner leaks` last finished a listing",
+        registry=registry,
+    ).set_to_current_time()
+    write_to_textfile(path, registry)

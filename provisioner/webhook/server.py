@@ -25,9 +25,12 @@ import logging
 import os
 import ssl
 import tempfile
+import threading
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -56,6 +59,30 @@ MAX_BODY_BYTES = 8 * 1024 * 1024
 # stays free for the API server's usual one-object reviews. Waiting ones hold only their bytes.
 CONVERSION_THREADS = 2
 REVIEW_VERSION = "apiextensions.k8s.io/v1"
+
+
+@dataclass
+class Stats:
+    """What the metrics show of the webhook: its reviews by result and its certificate."""
+
+    reviews: Counter[str] = field(default_factory=Counter)
+    # The serving certificate's notAfter (Unix seconds); None until one is loaded.
+    certificate_expiry: float | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def count(self, result: str) -> None:
+        with self._lock:
+            self.reviews[result] += 1
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.reviews)
+
+
+# The reviews' results: `converted`; `failed` (a ConversionReview whose objects could not be
+# converted: a Failure the API server shows to the client); `malformed` (400); `too_large` (413).
+REVIEW_RESULTS = ("converted", "failed", "malformed", "too_large")
+STATS = Stats()
 
 
 class CrdError(RuntimeError):
@@ -145,6 +172,13 @@ def malformed(review: Any) -> str:
 def answer(body: bytes) -> tuple[int, bytes]:
     """The status and body answering a request's body (in a thread: parsing and converting
     a large review takes a while)."""
+    status, text = _answer(body)
+    if status != 200:
+        STATS.count("malformed")
+    return status, text
+
+
+def _answer(body: bytes) -> tuple[int, bytes]:
     try:
         review = json.loads(body)
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
@@ -156,6 +190,8 @@ def answer(body: bytes) -> tuple[int, bytes]:
         response = conversion.review_response(review)
     except RecursionError:
         return 400, b"not a ConversionReview: an object is nested too deeply"
+    failed = response["response"]["result"].get("status") != "Success"
+    STATS.count("failed" if failed else "converted")
     return 200, json.dumps(response).encode()
 
 
@@ -168,6 +204,7 @@ class Converter:
         self.large = asyncio.Lock()
 
     def too_large(self) -> web.Response:
+        STATS.count("too_large")
         limit = f"{self.max_body} bytes"
         return web.Response(status=413, text=f"request body too large: at most {limit} accepted")
 
@@ -235,6 +272,7 @@ class Webhook:
                     out.write(certs.cert_pem)
                 context.load_cert_chain(cert, key)  # new connections use the new one
             self.context, self.certs = context, certs
+            STATS.certificate_expiry = _expiry(certs)
         return certs
 
     async def point(self) -> None:
@@ -268,6 +306,16 @@ class Webhook:
         if self.runner is not None:
             await self.runner.cleanup()
             self.runner = None
+
+
+def _expiry(certs: webhook_certs.Certificates) -> float | None:
+    """When the first of the serving certificate and its CA expires (Unix seconds), from the
+    annotations written with them; None if they cannot be read."""
+    try:
+        ends = [datetime.fromisoformat(t) for t in (certs.not_after, certs.ca_not_after)]
+    except ValueError:
+        return None
+    return min(end.timestamp() for end in ends)
 
 
 def own_namespace(settings: Settings, kube: Kube) -> str:

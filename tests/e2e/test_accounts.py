@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from provisioner_dev.awsenv import DEV_REGION, aws_env
 from provisioner_dev.awslike import AwsLikeProxy
@@ -351,8 +352,9 @@ def test_assume_role_once_per_account_not_per_resource(env):
         env.kube.kubectl("delete", "-n", ns, "queue", "--all")
 
 
-def test_leaks_looks_in_every_account(env):
-    """`provisioner leaks` finds a tagged queue whose CR is gone in a CloudAccount's account."""
+def test_leaks_looks_in_every_account(env, tmp_path):
+    """`provisioner leaks` finds a tagged queue whose CR is gone in a CloudAccount's account,
+    and writes its findings as metrics for an alert (--metrics-file)."""
     a = f"team-a-{suffix()}"
     namespace(env, a)
     apply_account(env, a, ACCOUNT_B, a, regions=["eu-west-1"])
@@ -379,7 +381,14 @@ def test_leaks_looks_in_every_account(env):
         ],
     )
     found = subprocess.run(
-        [sys.executable, "-m", "provisioner", "leaks", "--cluster-id=test"],
+        [
+            sys.executable,
+            "-m",
+            "provisioner",
+            "leaks",
+            "--cluster-id=test",
+            f"--metrics-file={tmp_path / 'leaks.prom'}",
+        ],
         env={
             **os.environ,
             **aws_env(env.proxy.url),
@@ -395,6 +404,14 @@ def test_leaks_looks_in_every_account(env):
     (line,) = [line for line in found.stdout.splitlines() if role in line]
     assert line.split()[:2] == ["leaked", "IAMRole"], line
     assert "gone/app" in line and f"in account {ACCOUNT_B}" in line, line
+    metrics = {
+        (s.labels.get("problem"), s.labels.get("kind")): s.value
+        for family in text_string_to_metric_families((tmp_path / "leaks.prom").read_text())
+        for s in family.samples
+        if s.name == "provisioner_leaks"
+    }
+    assert metrics[("leaked", "Queue")] >= 1 and metrics[("leaked", "IAMRole")] >= 1
+    assert metrics[("vanished", "Topic")] == 0  # every kind is there, 0 when clean
     env.as_account(ACCOUNT_B, "iam", "us-east-1").delete_role(RoleName=role)
     env.as_account(ACCOUNT_B, "sqs", "eu-west-1").delete_queue(
         QueueUrl=env.as_account(ACCOUNT_B, "sqs", "eu-west-1").get_queue_url(QueueName=orphan)[

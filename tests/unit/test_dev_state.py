@@ -103,3 +103,37 @@ def test_a_state_file_without_parts_is_read_by_name(tmp_path):
         "operator": "operator",
     }
     assert state["with_operator"] is True
+
+
+def test_a_dead_observability_backend_is_restartable_not_a_reason_to_start_over(tmp_path, sleeper):
+    ours = {"pid": sleeper.pid, "start_time": start_time(sleeper.pid)}
+    gone = {"pid": dead_pid(), "start_time": None, "part": "observability"}
+    state = {
+        "processes": {
+            "etcd": {**ours, "part": "control plane"},
+            "moto": {**ours, "part": "moto"},
+            "prometheus": gone,
+            "jaeger": {**ours, "part": "observability"},
+        },
+        "observability": {"prometheus": {"url": "http://x"}, "jaeger": {"url": "http://y"}},
+    }
+    stack = DevStack(tmp_path)
+    assert stack._dead_holders(state["processes"]) == []  # the data holders all run
+    assert stack.dead_backends(state) == ["prometheus"]
+    del state["processes"]["prometheus"]  # recorded as a backend, its process never was
+    assert stack.dead_backends(state) == ["prometheus"]
+    assert stack.dead_backends({"processes": state["processes"]}) == []
+
+
+def test_the_operator_gets_the_environment_of_the_backends_recorded():
+    from provisioner_dev import observability
+
+    state = {
+        "observability": {
+            "prometheus": {"url": "http://p", "operator_env": {}},
+            "jaeger": {"url": "http://j", "operator_env": {"OTEL_EXPORTER_OTLP_ENDPOINT": "x"}},
+        }
+    }
+    assert observability.operator_env(state) == {"OTEL_EXPORTER_OTLP_ENDPOINT": "x"}
+    assert observability.operator_env({}) == {}
+    assert "prometheus" in observability.names()
