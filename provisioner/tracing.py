@@ -77,9 +77,6 @@ def setup(
         attributes["service.name"] = "provisioner"
     if version:
         attributes["service.version"] = version
-    for key, variable in (("k8s.namespace.name", "POD_NAMESPACE"), ("k8s.pod.name", "POD_NAME")):
-        if environ.get(variable):
-            attributes[key] = environ[variable]
     provider = TracerProvider(resource=Resource.create(attributes))
     if exporter is None:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
