@@ -135,16 +135,18 @@ def span(
         yield s
 
 
-def pass_span(trigger: str, body: Mapping[str, Any], kind: str = "") -> Any:
+def pass_span(trigger: str, body: Mapping[str, Any], kind: str = "", retry: int = 0) -> Any:
     """The root span of one reconcile pass over the custom resource `body`: what started it
-    (`trigger`: create, update, resume, retry, delete, resync, recheck, expiry) and which
-    object it is (there is no semantic convention for a custom resource: k8s.object.*)."""
+    (`trigger`: create, update, resume, delete, resync, recheck, expiry; `retry`: how many
+    passes for the same change failed or waited before this one) and which object it is
+    (there is no semantic convention for a custom resource: k8s.object.*)."""
     if _tracer is None:
         return contextlib.nullcontext()
     meta = body.get("metadata") or {}
     kind = kind or str(body.get("kind") or "")
     attributes = {
         "provisioner.trigger": trigger,
+        "provisioner.retry": retry,
         "k8s.namespace.name": meta.get("namespace"),
         "k8s.object.kind": kind,
         "k8s.object.name": meta.get("name"),

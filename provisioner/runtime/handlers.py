@@ -208,8 +208,8 @@ class Handlers:
         # spec fields that differ from it are the user's requested changes; anything else
         # the cloud differs in is drift.
         last_spec = plain((old or {}).get("spec") or {}) if old is not None else None
-        trigger = "retry" if retry else str(getattr(reason, "value", reason) or "change")
-        with tracing.pass_span(trigger, raw):
+        trigger = str(getattr(reason, "value", reason) or "change")
+        with tracing.pass_span(trigger, raw, retry=retry):
             result, resource = outcome = await self.reconciler.reconcile(raw, retry, last_spec)
             self.scheduler.track(resource)
             if status := _report(self.reconciler, raw, outcome, started):
@@ -238,7 +238,7 @@ class Handlers:
         if self.handed_over(body):
             raise kopf.TemporaryError("handed over to another replica", delay=1)
         raw, started = plain(body), time.monotonic()
-        with tracing.pass_span("retry" if retry else "delete", raw):
+        with tracing.pass_span("delete", raw, retry=retry):
             result, resource = outcome = await self.reconciler.finalize(raw, retry)
             if status := _report(self.reconciler, raw, outcome, started):
                 _handed_to_kopf(resource, status, patch)

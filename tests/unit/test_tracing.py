@@ -98,6 +98,7 @@ def test_a_pass_is_one_trace_with_its_trigger_and_children(spans):
     assert f"{placement.context.trace_id:032x}" == trace
     assert top.parent is None
     assert top.attributes["provisioner.trigger"] == "create"
+    assert top.attributes["provisioner.retry"] == 0
     assert top.attributes["k8s.namespace.name"] == "ns"
     assert top.attributes["k8s.object.uid"] == "u-1"
     assert top.attributes["provisioner.verdict"] == "done"
