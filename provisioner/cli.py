@@ -12,12 +12,13 @@ import asyncio
 import ctypes
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from provisioner import config
+from provisioner import __version__, config, tracing
 
 if TYPE_CHECKING:
     import kopf
@@ -87,6 +88,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except RuntimeError as exc:  # a kopf other than the pinned one
         return _fail(str(exc))
     _configure_logging(settings, args.verbose)
+    _configure_tracing()
     access_settings = AccessSettings(settings.access, settings.oidc_issuer, settings.eks_cluster)
     if problem := access_settings.problem():
         return _fail(problem)
@@ -105,7 +107,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     except CrdError as exc:
         print(f"provisioner: {exc}", file=sys.stderr)
         return 2
+    finally:
+        tracing.shutdown()  # the spans still batched are sent
     return 0
+
+
+def _configure_tracing() -> None:
+    """Traces when the OTEL_* variables ask for them (provisioner/tracing.py); the log lines
+    of a traced pass then carry its `trace_id`."""
+    if not tracing.setup(version=__version__):
+        return
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(tracing.TraceIdFilter())
+    endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT"
+    )
+    logging.getLogger("provisioner").info("tracing on: spans go to %s (OTLP/HTTP)", endpoint)
 
 
 def _configure_logging(settings: config.Settings, verbose: bool) -> None:

@@ -202,7 +202,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "--observability",
         action="store_true",
         help="also run Prometheus (built from hack/prometheus once, cached) scraping the "
-        "operator's metrics every second, and print its address; `dev down` stops it",
+        "operator's metrics every second, and Jaeger (hack/jaeger) receiving its traces; "
+        "print their addresses; `dev down` stops them",
     )
     from provisioner_dev.cloudprofile import add_profile_arguments, names_help
 

@@ -5,14 +5,10 @@ that outlives `dev up`, like the operator), the environment the operator then ne
 exporter's endpoint), and the address `dev up` prints. `.dev/state.json` records each one under
 `observability` (its address, its port, the operator's environment) and its process under
 `processes` with the part `observability`: a dead backend is started again by the next `dev up`
-and the rest is kept, as for the operator. Adding one is an entry in BACKENDS, e.g.
+and the rest is kept, as for the operator. Adding one is an entry in BACKENDS.
 
-    Backend(
-        "jaeger",
-        start=lambda dev_dir, state, port: start_jaeger(dev_dir),
-        operator_env=lambda jaeger: {"OTEL_EXPORTER_OTLP_ENDPOINT": jaeger.otlp_endpoint},
-        address=lambda jaeger: jaeger.ui_url,
-    )
+Two run: Prometheus scraping the operator's metrics, and Jaeger receiving its traces (the
+operator is given OTEL_EXPORTER_OTLP_ENDPOINT, which turns tracing on).
 """
 
 from __future__ import annotations
@@ -23,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from provisioner_dev.devstate import OBSERVABILITY
+from provisioner_dev.jaeger import Jaeger, start_jaeger
 from provisioner_dev.processes import LoopbackService, fixed_port
 from provisioner_dev.prometheus import PrometheusServer, ensure_prometheus
 
@@ -30,7 +27,7 @@ from provisioner_dev.prometheus import PrometheusServer, ensure_prometheus
 OPERATOR_JOB = "provisioner"
 
 
-def _no_env(_: Any) -> dict[str, str]:
+def _no_env(_: Any) -> dict[str, Any]:
     return {}
 
 
@@ -45,6 +42,8 @@ class Backend:
     start: Callable[[Path, dict[str, Any], int], LoopbackService]
     operator_env: Callable[[Any], dict[str, str]] = field(default=_no_env)
     address: Callable[[Any], str] = field(default=_url)
+    # More to record in the state, for starting it again as it was.
+    record: Callable[[Any], dict[str, Any]] = field(default=_no_env)
 
 
 def start_prometheus(dev_dir: Path, state: dict[str, Any], port: int) -> PrometheusServer:
@@ -63,7 +62,31 @@ def start_prometheus(dev_dir: Path, state: dict[str, Any], port: int) -> Prometh
     return server
 
 
-BACKENDS: tuple[Backend, ...] = (Backend("prometheus", start=start_prometheus),)
+def start_jaeger_backend(dev_dir: Path, state: dict[str, Any], port: int) -> Jaeger:
+    """Jaeger receiving the operator's traces over OTLP/HTTP; started again, it keeps both
+    its query port and the OTLP port the operator was given."""
+    otlp_port = 0
+    if port:
+        recorded = state.get(OBSERVABILITY, {}).get("jaeger", {})
+        otlp_port = int(recorded.get("otlp_port", 0))
+    return start_jaeger(
+        dev_dir, timeout=120, port=port or fixed_port(), otlp_port=otlp_port or fixed_port()
+    )
+
+
+def _jaeger_env(jaeger: Jaeger) -> dict[str, str]:
+    return {"OTEL_EXPORTER_OTLP_ENDPOINT": jaeger.otlp_endpoint}
+
+
+BACKENDS: tuple[Backend, ...] = (
+    Backend("prometheus", start=start_prometheus),
+    Backend(
+        "jaeger",
+        start=start_jaeger_backend,
+        operator_env=_jaeger_env,
+        record=lambda jaeger: {"otlp_port": jaeger.otlp_port},
+    ),
+)
 
 
 def start_backends(dev_dir: Path, state: dict[str, Any], names: list[str]) -> dict[str, Any]:
@@ -83,6 +106,7 @@ def start_backends(dev_dir: Path, state: dict[str, Any], names: list[str]) -> di
                 "port": service.port,
                 "operator_env": backend.operator_env(service),
             }
+            recorded[name].update(backend.record(service))
     except BaseException:
         for service in started.values():
             service.stop()

@@ -304,6 +304,8 @@ class DevStack(DevState):
         if state.get("metrics_port"):
             # An operator of your own (`dev up --no-operator`) is scraped where dev up's would be.
             env_lines["PROVISIONER_METRICS_PORT"] = str(state["metrics_port"])
+        # ... and traced where dev up's would be.
+        env_lines.update(observability.operator_env(state))
         text = "".join(f"export {k}={v}\n" for k, v in env_lines.items())
         env = self.dev_dir / "env"
         if not env.exists() or env.read_text() != text:

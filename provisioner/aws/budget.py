@@ -53,10 +53,12 @@ from typing import Any, TypeVar
 
 import botocore.exceptions
 
+from provisioner import tracing
 from provisioner.aws.codes import SLOW_DOWN
 from provisioner.aws.turns import CALLER, HEADROOM, Schedule, Turns
 
 T = TypeVar("T")
+tracing.THROTTLE_CODES.update(SLOW_DOWN)
 
 
 @dataclass(frozen=True)
@@ -333,12 +335,14 @@ class CallBudget:
             waited = self._turns.take(buckets, caller, self._lock, self.clock, self.sleep)
             if waited > 0:
                 LISTENERS.waited(service, waited)
+                tracing.budget_waited(waited)
             return waited
         with self._lock:
             now = self.clock()
             wait = max((bucket.reserve(now) for bucket in buckets), default=0.0)
         if wait > 0:
             LISTENERS.waited(service, wait)
+            tracing.budget_waited(wait)
             self.sleep(wait)
         return wait
 
@@ -383,6 +387,7 @@ class CallBudget:
                     if isinstance(exc, botocore.exceptions.ClientError):
                         self._succeeded(buckets)  # the cloud answered: not a throttle
                     raise
+                tracing.attempt_failed(str(_throttle_code(exc)))
                 if not self.throttled(service, buckets, reserved_at):
                     raise
                 continue

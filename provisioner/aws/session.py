@@ -27,6 +27,7 @@ import botocore.exceptions
 import tenacity
 from botocore.parsers import ResponseParserError
 
+from provisioner import tracing
 from provisioner.aws import botodata, errors
 from provisioner.aws.assume import AssumedSessions
 from provisioner.aws.budget import BudgetSettings, CallBudget
@@ -306,14 +307,19 @@ class Aws:
             stop=tenacity.stop_after_attempt(self.settings.attempts),
             reraise=True,
         )
-        for attempt in retrying:
-            with attempt:
-                try:
-                    return self.budget.run(fn, *args, **kwargs)
-                except errors.CloudError:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - classified right here
-                    raise classify(exc, self.codes) from None
+        account = str(getattr(getattr(fn, "__self__", None), "_provisioner_account", "") or "")
+        with tracing.aws_call(account):
+            for attempt in retrying:
+                with attempt:
+                    try:
+                        return self.budget.run(fn, *args, **kwargs)
+                    except errors.CloudError as exc:
+                        tracing.attempt_failed(exc.code)
+                        raise
+                    except Exception as exc:  # noqa: BLE001 - classified right here
+                        classified = classify(exc, self.codes)
+                        tracing.attempt_failed(classified.code)
+                        raise classified from None
         raise AssertionError("unreachable")
 
 

@@ -18,9 +18,23 @@ from urllib.parse import quote, unquote, urlencode
 
 import urllib3
 
-from provisioner import API_VERSION
+from provisioner import API_VERSION, tracing
 from provisioner.kinds.registry import PLURALS
 from provisioner.kube import login as kubelogin
+
+
+def written_resource(path: str) -> str:
+    """What an API path names, as a span calls it: "secrets", "s3buckets/status", "events"."""
+    parts = [p for p in path.split("?")[0].split("/") if p]
+    if "namespaces" in parts[:-1]:
+        parts = parts[parts.index("namespaces") + 2 :]
+    elif parts[:1] == ["api"]:
+        parts = parts[2:]
+    elif parts[:1] == ["apis"]:
+        parts = parts[3:]
+    if not parts:
+        return "namespaces"
+    return parts[0] + ("/" + parts[2] if len(parts) > 2 else "")
 
 
 class KubeError(RuntimeError):
@@ -132,7 +146,27 @@ class Kube:
         query: list[tuple[str, str]] | None = None,
         accept: str = "application/json",
     ) -> dict[str, Any] | None:
-        """Returns the decoded response; None for a 404."""
+        """Returns the decoded response; None for a 404. A write is a span of the current
+        trace (while tracing is on): its method and path, never its body."""
+        if method == "GET" or not tracing.enabled():
+            return self._request(method, path, body, content_type, query, accept)
+        attributes = {
+            "http.request.method": method,
+            "url.path": path,
+            "k8s.api.resource": written_resource(path),
+        }
+        with tracing.span(f"k8s {method} {written_resource(path)}", attributes):
+            return self._request(method, path, body, content_type, query, accept)
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | list[Any] | None,
+        content_type: str,
+        query: list[tuple[str, str]] | None,
+        accept: str,
+    ) -> dict[str, Any] | None:
         _check_path(path)
         url = self.creds.server + path + (f"?{urlencode(query)}" if query else "")
         headers = {"Content-Type": content_type, "Accept": accept}
@@ -193,17 +227,26 @@ class Kube:
     # Events -----------------------------------------------------------------------
 
     def post_event(
-        self, body: dict[str, Any], type_: str, reason: str, message: str, component: str
+        self,
+        body: dict[str, Any],
+        type_: str,
+        reason: str,
+        message: str,
+        component: str,
+        annotations: dict[str, str] | None = None,
     ) -> None:
         """A core/v1 Event on the object, as `kubectl describe` shows it (for a
         cluster-scoped object, in the namespace `default`, as kubectl's own are)."""
         meta = body["metadata"]
         namespace = meta.get("namespace") or "default"
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        metadata: dict[str, Any] = {"name": event_name(str(meta["name"])), "namespace": namespace}
+        if annotations:
+            metadata["annotations"] = annotations
         event = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": event_name(str(meta["name"])), "namespace": namespace},
+            "metadata": metadata,
             "involvedObject": {
                 "apiVersion": body.get("apiVersion", API_VERSION),
                 "kind": body["kind"],

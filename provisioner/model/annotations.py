@@ -21,6 +21,9 @@ PLAN_ONLY = f"{GROUP}/plan-only"
 # Set by the API server (the chart's admission policy) at creation: who asked for it.
 REQUESTED_BY = f"{GROUP}/requested-by"
 
+# On an Event the operator posts (while tracing is on): the id of its pass's trace.
+TRACE_ID = f"{GROUP}/trace-id"
+
 # On a Namespace: the CloudAccount its resources use when they name none.
 DEFAULT_ACCOUNT = f"{GROUP}/default-account"
 

@@ -20,6 +20,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from provisioner import tracing
 from provisioner.access.grants import Access
 from provisioner.aws import errors
 from provisioner.config import Settings
@@ -41,7 +42,7 @@ from provisioner.reconciler.expiry import Expiry
 from provisioner.reconciler.failures import failure
 from provisioner.reconciler.grants import Grants
 from provisioner.reconciler.observe import Observer
-from provisioner.reconciler.outcome import Event, Result, Verdict, event_reference
+from provisioner.reconciler.outcome import Event, Result, Verdict, event_reference, placed
 from provisioner.reconciler.placement import Placement
 from provisioner.reconciler.plan import Planner, against_plan
 from provisioner.reconciler.progress import Progress
@@ -298,7 +299,10 @@ class Reconciler:
             if resource.plan_only:
                 result, resource = await self.planner.plan(resource)
             else:
-                p.resource = resource = await self.placement.place(resource)
+                with tracing.span("placement") as placing:
+                    p.resource = resource = await self.placement.place(resource)
+                    if placing is not None:
+                        tracing.set_attributes(placed(resource))
                 result = await self._converge(p)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a condition
             result = failure(resource, exc, retry)

@@ -119,3 +119,29 @@ class Result:
             if not c.status:
                 return f"{c.reason}: {c.message}"
         return "requeued"
+
+
+def placed(resource: Any) -> dict[str, Any]:
+    """Where a pass placed its resource, as a trace's attributes."""
+    account = resource.account
+    return {
+        "cloud.provider": "aws",
+        "cloud.region": resource.region,
+        "cloud.account.id": account.account_id if account is not None else "",
+        "provisioner.account": account.name if account is not None else "",
+        "provisioner.external_name": resource.external_name,
+    }
+
+
+def traced_outcome(result: Result) -> dict[str, Any]:
+    """A pass's outcome as its trace's attributes: the verdict, the conditions it set, its
+    Events' reasons, and the requeue."""
+    return {
+        "provisioner.verdict": result.verdict.value,
+        "provisioner.conditions": [
+            f"{c.type}={'True' if c.status else 'False'} ({c.reason})" for c in result.conditions
+        ],
+        "provisioner.events": [e.reason for e in result.events],
+        "provisioner.requeue_after_seconds": result.requeue_after,
+        "provisioner.release_finalizer": result.release_finalizer,
+    }

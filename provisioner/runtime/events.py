@@ -8,7 +8,9 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any
 
+from provisioner import tracing
 from provisioner.kube.client import Kube
+from provisioner.model.annotations import TRACE_ID
 from provisioner.reconciler.outcome import Event
 
 log = logging.getLogger(__name__)
@@ -16,6 +18,15 @@ log = logging.getLogger(__name__)
 # Events waiting for their post at most; past that a new one is dropped (and counted in
 # the log), as client-go's recorder drops Events when its queue of 1,000 is full.
 EVENT_BACKLOG = 1000
+# An Event's message at most (the API server's limit), its trace id included.
+MESSAGE_LIMIT = 1024
+
+
+def traced(message: str, trace: str) -> str:
+    """The message with its pass's trace id at the end, where `kubectl describe` and
+    `kubectl get events` show it (the annotation carries it too, for programs)."""
+    suffix = f" trace={trace}"
+    return message[: MESSAGE_LIMIT - len(suffix)] + suffix
 
 
 def event_poster(
@@ -37,8 +48,18 @@ def event_poster(
                     log.warning("%d Events dropped: %d wait for the API server", dropped, waiting)
                 return
             waiting += 1
+        message, annotations = event.message, None
+        trace = tracing.trace_id()
+        if trace:
+            message, annotations = traced(message, trace), {TRACE_ID: trace}
         future = executor.submit(
-            kube.post_event, body, event.type, event.reason, event.message, "provisioner"
+            tracing.in_current_context(kube.post_event),
+            body,
+            event.type,
+            event.reason,
+            message,
+            "provisioner",
+            annotations,
         )
         future.add_done_callback(posted)
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import kopf
 
-from provisioner import GROUP, VERSION
+from provisioner import GROUP, VERSION, tracing
 from provisioner.aws.budget import CallBudget
 from provisioner.aws.session import Aws
 from provisioner.config import Settings
@@ -35,7 +35,7 @@ from provisioner.kube.client import KubeError
 from provisioner.model import conditions as cond
 from provisioner.model.resource import Resource
 from provisioner.reconciler.engine import Reconciler
-from provisioner.reconciler.outcome import Result
+from provisioner.reconciler.outcome import Result, traced_outcome
 from provisioner.runtime import accounts_controller, classes_controller, metrics, sharding
 from provisioner.runtime.accounts_controller import ACCOUNT_WATCH, NAMESPACE_WATCH
 from provisioner.runtime.kopf_setup import bounded_session, configure_kopf, plain, wait_for_api
@@ -94,9 +94,25 @@ def _report(
 ) -> dict[str, Any]:
     """Events and metrics of one pass; returns its status patch ({} when nothing changed)."""
     result, resource = outcome
+    if tracing.enabled():
+        tracing.set_attributes(traced_outcome(result))
     reconciler.emit(body, resource, result)
     _measure(body, resource, result, started)
     return reconciler.status_patch(resource, result)
+
+
+def _handed_to_kopf(resource: Resource, status: dict[str, Any], patch: kopf.Patch) -> None:
+    """A change pass's status goes into kopf's own patch, which kopf writes to the API server
+    as soon as the handler returns: its span in the pass's trace says what it holds."""
+    plural = next(k.plural for k in KINDS if k.kind == resource.kind)
+    attributes = {
+        "http.request.method": "PATCH",
+        "k8s.api.resource": f"{plural}/status",
+        "provisioner.status.written_by": "kopf",
+        "provisioner.status.fields": sorted(status),
+    }
+    with tracing.span(f"k8s PATCH {plural}/status", attributes):
+        patch.setdefault("status", {}).update(status)
 
 
 async def _cloud_calls_done(reconciler: Reconciler, timeout: float) -> bool:
@@ -197,10 +213,12 @@ class Handlers:
         # spec fields that differ from it are the user's requested changes; anything else
         # the cloud differs in is drift.
         last_spec = plain((old or {}).get("spec") or {}) if old is not None else None
-        result, resource = outcome = await self.reconciler.reconcile(raw, retry, last_spec)
-        self.scheduler.track(resource)
-        if status := _report(self.reconciler, raw, outcome, started):
-            patch.setdefault("status", {}).update(status)
+        trigger = str(getattr(reason, "value", reason) or "change")
+        with tracing.pass_span(trigger, raw, retry=retry):
+            result, resource = outcome = await self.reconciler.reconcile(raw, retry, last_spec)
+            self.scheduler.track(resource)
+            if status := _report(self.reconciler, raw, outcome, started):
+                _handed_to_kopf(resource, status, patch)
         if result.requeue_after is not None:
             raise kopf.TemporaryError(result.retry_message, delay=result.requeue_after)
 
@@ -226,9 +244,10 @@ class Handlers:
         if self.handed_over(body):
             raise kopf.TemporaryError("handed over to another replica", delay=1)
         raw, started = plain(body), time.monotonic()
-        result, resource = outcome = await self.reconciler.finalize(raw, retry)
-        if status := _report(self.reconciler, raw, outcome, started):
-            patch.setdefault("status", {}).update(status)
+        with tracing.pass_span("delete", raw, retry=retry):
+            result, resource = outcome = await self.reconciler.finalize(raw, retry)
+            if status := _report(self.reconciler, raw, outcome, started):
+                _handed_to_kopf(resource, status, patch)
         if not result.release_finalizer:
             raise kopf.TemporaryError(result.retry_message, delay=result.requeue_after or 5.0)
         self.scheduler.untrack(resource.uid)

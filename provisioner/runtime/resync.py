@@ -36,6 +36,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from provisioner import tracing
 from provisioner.config import Settings
 from provisioner.kinds.contract import BatchObserver, BatchTagReader
 from provisioner.model.resource import Resource
@@ -243,7 +244,9 @@ class ResyncScheduler:
                 if await self._paused(namespace):
                     continue
                 try:
-                    done = await self.reconciler.expire(uid, kind, namespace, name)
+                    reference = {"metadata": {"uid": uid, "namespace": namespace, "name": name}}
+                    with tracing.pass_span("expiry", reference, kind):
+                        done = await self.reconciler.expire(uid, kind, namespace, name)
                 except Exception:  # the next tick tries again
                     log.exception("expiring %s %s/%s failed", kind, namespace, name)
                     done = False
@@ -286,7 +289,9 @@ class ResyncScheduler:
                 body.setdefault("kind", kind)
                 return body
 
-            again = await self.reconciler.resync_current(uid, load, self._reported, recheck)
+            reference = {"metadata": {"uid": uid, "namespace": namespace, "name": name}}
+            with tracing.pass_span("recheck" if recheck else "resync", reference, kind):
+                again = await self.reconciler.resync_current(uid, load, self._reported, recheck)
             if recheck and again is not None:
                 self.recheck([uid], again)
         except Exception:  # the next period tries again

@@ -1,9 +1,10 @@
 """`provisioner dev up --observability`: Prometheus beside the dev stack, scraping its
-operator; `dev status` and `dev down` know it; a dead one is started again alone, at the same
-address; a stack started without it is not changed behind the developer's back.
+operator, and Jaeger receiving its traces; `dev status` and `dev down` know them; a dead one is
+started again alone, at the same address; a stack started without them is not changed behind
+the developer's back.
 
-Prometheus is built from hack/prometheus (cached); the test is skipped, saying why, only when
-it cannot be built.
+Prometheus and Jaeger are built from hack/prometheus and hack/jaeger (cached); the tests are
+skipped, saying why, only when they cannot be built.
 """
 
 from __future__ import annotations
@@ -16,11 +17,21 @@ from pathlib import Path
 import pytest
 
 from provisioner_dev.binaries import BuildError
+from provisioner_dev.jaeger import ensure_jaeger, fetch_trace
 from provisioner_dev.processes import alive
 from provisioner_dev.prometheus import ensure_prometheus, query
 from tests.conftest import needs_own_controlplane
-from tests.e2e.test_dev_cli import dev, one_line_with, process_line, read_state
-from tests.helpers import wait_for
+from tests.e2e.test_dev_cli import (
+    DevCluster,
+    dev,
+    dev_env,
+    one_line_with,
+    process_line,
+    queue,
+    read_state,
+)
+from tests.e2e.test_tracing import created_trace
+from tests.helpers import apply, wait_for, wait_ready
 
 pytestmark = [pytest.mark.e2e, needs_own_controlplane]
 
@@ -30,8 +41,9 @@ def workdir(tmp_path: Path) -> Iterator[Path]:
     """A directory to run `dev up` in; whatever it started is stopped at the end."""
     try:
         ensure_prometheus()
+        ensure_jaeger()
     except BuildError as exc:
-        pytest.skip(f"Prometheus cannot be built from hack/prometheus: {exc}")
+        pytest.skip(f"Prometheus or Jaeger cannot be built (hack/prometheus, hack/jaeger): {exc}")
     yield tmp_path
     if (tmp_path / ".dev/state.json").exists():
         pids = read_state(tmp_path)["pids"]
@@ -60,10 +72,24 @@ def test_up_with_observability_scrapes_the_operator_status_and_down_know_it(work
     assert f"PROVISIONER_METRICS_PORT={state['metrics_port']}" in (workdir / ".dev/env").read_text()
     wait_for(lambda: scraped(url), timeout=120, what="Prometheus to scrape the operator")
 
+    # Jaeger receives the operator's traces: a Queue's Created Event names its trace.
+    jaeger = one_line_with(up.stdout, "jaeger:").split()[-1]
+    assert state["observability"]["jaeger"]["url"] == jaeger
+    endpoint = state["observability"]["jaeger"]["operator_env"]["OTEL_EXPORTER_OTLP_ENDPOINT"]
+    assert dev_env(workdir)["OTEL_EXPORTER_OTLP_ENDPOINT"] == endpoint
+    kube = DevCluster(workdir)
+    kube.kubectl("create", "namespace", "app")
+    apply(kube, "app", queue("traced"))
+    wait_ready(kube, "queue", "app", "traced", timeout=120)
+    trace = created_trace(kube, "app", "traced")
+    found = wait_for(lambda: fetch_trace(jaeger, trace), timeout=60, what="the trace in Jaeger")
+    assert any(s["operationName"] == "reconcile Queue" for s in found["spans"])
+
     status = dev(workdir, "status")
     assert status.returncode == 0, status.stdout + status.stderr
     assert "running" in process_line(status.stdout, "prometheus")
     assert f"prometheus: {url} ready" in status.stdout
+    assert "running" in process_line(status.stdout, "jaeger")
 
     # Killed: status says so; the next `dev up` starts it again alone, at the same address.
     prometheus = state["processes"]["prometheus"]["pid"]
@@ -81,6 +107,7 @@ def test_up_with_observability_scrapes_the_operator_status_and_down_know_it(work
     assert restarted["processes"]["prometheus"]["pid"] != prometheus
     assert restarted["processes"]["moto"]["pid"] == moto  # the rest was kept
     assert restarted["observability"]["prometheus"]["url"] == url
+    assert restarted["processes"]["jaeger"]["pid"] == state["processes"]["jaeger"]["pid"]
     wait_for(lambda: scraped(url), timeout=120, what="the new Prometheus to scrape the operator")
 
     pids = restarted["pids"]
@@ -88,7 +115,8 @@ def test_up_with_observability_scrapes_the_operator_status_and_down_know_it(work
     assert data.is_dir()
     down = dev(workdir, "down")
     assert down.returncode == 0 and "stopped" in down.stdout
-    wait_for(lambda: not alive(pids["prometheus"]), timeout=30, what="prometheus to stop")
+    backends = (pids["prometheus"], pids["jaeger"])
+    wait_for(lambda: not any(map(alive, backends)), timeout=30, what="the backends to stop")
     assert not data.exists()
 
 
@@ -99,4 +127,4 @@ def test_observability_is_not_added_to_a_running_stack_without_it(workdir):
     refused = dev(workdir, "up", "--no-operator", "--observability")
     assert refused.returncode == 1
     assert "has no observability backends: `provisioner dev down` first" in refused.stderr
-    assert "prometheus" not in read_state(workdir)["processes"]
+    assert not {"prometheus", "jaeger"} & set(read_state(workdir)["processes"])

@@ -256,8 +256,10 @@ def test_each_policy_refuses_with_its_rule_and_allows_what_it_should(kube, guard
     public_bucket = manifests([("S3Bucket", "b", "{blockPublicAccess: false}")])
     # Two policies (databases, buckets), each loaded by the API server in its own time.
     wait_for(
-        lambda: "rule allowed-engines" in dry_run(kube, ns, database(engine="mysql")).stderr
-        and "rule no-public-buckets" in dry_run(kube, ns, public_bucket).stderr,
+        lambda: (
+            "rule allowed-engines" in dry_run(kube, ns, database(engine="mysql")).stderr
+            and "rule no-public-buckets" in dry_run(kube, ns, public_bucket).stderr
+        ),
         what="the policies to be loaded",
     )
     refusals = [

@@ -428,11 +428,49 @@ def test_credentials_from_a_secret_or_irsa(helm):
     assert sa["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": arn}
 
 
+def container_env(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    return {e["name"]: e for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+
+def test_tracing_is_off_by_default_and_sets_the_otel_variables_when_on(helm):
+    assert not [name for name in container_env(render(helm)) if name.startswith("OTEL_")]
+    env = container_env(
+        render(
+            helm,
+            "tracing.endpoint=http://jaeger-collector.observability:4318",
+            "tracing.sampleRatio=0.25",
+            "tracing.headersSecret=otlp-auth",
+            "tracing.extraEnv.OTEL_BSP_MAX_QUEUE_SIZE=4096",
+        )
+    )
+    values = {name: e.get("value") for name, e in env.items()}
+    assert values["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger-collector.observability:4318"
+    assert values["OTEL_SERVICE_NAME"] == "provisioner"
+    assert values["OTEL_TRACES_SAMPLER"] == "parentbased_traceidratio"
+    assert values["OTEL_TRACES_SAMPLER_ARG"] == "0.25"
+    assert values["OTEL_BSP_MAX_QUEUE_SIZE"] == "4096"
+    # The pod's name and namespace, from variables set before it (the API server expands them).
+    names = list(env)
+    attributes = values["OTEL_RESOURCE_ATTRIBUTES"]
+    for variable in ("POD_ID", "PROVISIONER_NAMESPACE"):
+        assert f"$({variable})" in attributes and names.index(variable) < names.index(
+            "OTEL_RESOURCE_ATTRIBUTES"
+        )
+    assert env["OTEL_EXPORTER_OTLP_HEADERS"]["valueFrom"]["secretKeyRef"] == {
+        "name": "otlp-auth",
+        "key": "OTEL_EXPORTER_OTLP_HEADERS",
+    }
+
+
 @pytest.mark.parametrize(
     ("sets", "message"),
     [
         (("watchNamespaces={team-*}",), "watchNamespaces"),
         (("watchNamespaces={!kube-system}",), "watchNamespaces"),
+        (("tracing.endpoint=jaeger:4318",), "tracing"),
+        (("tracing.sampleRatio=2",), "tracing"),
+        (("tracing.extraEnv.AWS_SECRET_ACCESS_KEY=x",), "OTEL_"),
     ],
 )
 def test_refused_values(helm, sets, message):
