@@ -8,7 +8,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-localstack lint format binaries image node-tools up down status clean
+.PHONY: demo test test-fast test-localstack lint format binaries observability-binaries image node-tools up down status clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,7 +24,14 @@ demo: binaries
 # With PROVISIONER_TEST_KUBECONFIG (a cluster you already have), nothing is built.
 TEST_BINARIES := $(if $(PROVISIONER_TEST_KUBECONFIG),$(STAMP),binaries)
 
-test: lint $(TEST_BINARIES)
+# Prometheus, promtool and Jaeger for the alerts', dashboards' and traces' tests, built before
+# pytest (a cold build outlasts a test's timeout); where they cannot be built, those tests
+# skip, saying why.
+observability-binaries: $(STAMP)
+	$(PY) -m provisioner dev build --only-observability \
+		|| echo "make: Prometheus or Jaeger cannot be built here: their tests will skip"
+
+test: lint $(TEST_BINARIES) observability-binaries
 	$(PY) -m pytest
 	$(MAKE) --no-print-directory test-localstack
 

@@ -152,11 +152,33 @@ def cmd_dev_build(args: argparse.Namespace) -> int:
     from provisioner_dev.binaries import BuildError, ensure_binaries
 
     try:
-        for name, path in ensure_binaries().items():
+        built = ensure_binaries() if not args.only_observability else {}
+        if args.observability or args.only_observability:
+            built.update(observability_binaries())
+        for name, path in built.items():
             print(f"{name}: {path}")
     except BuildError as exc:
         return _fail(str(exc))
     return 0
+
+
+def observability_binaries() -> dict[str, Path]:
+    """Prometheus, promtool and Jaeger (`dev up --observability`, and the tests of the alerts,
+    dashboards and traces), built from their pinned Go modules once per machine."""
+    from provisioner_dev.binaries import BuildError
+    from provisioner_dev.jaeger import ensure_jaeger
+    from provisioner_dev.prometheus import ensure_prometheus
+
+    built: dict[str, Path] = {}
+    failed: list[str] = []
+    for build in (ensure_prometheus, lambda: {"jaeger": ensure_jaeger()}):
+        try:
+            built.update(build())
+        except BuildError as exc:  # the other one is still built
+            failed.append(str(exc))
+    if failed:
+        raise BuildError("; ".join(failed))
+    return built
 
 
 def cmd_dev_image(args: argparse.Namespace) -> int:
@@ -219,9 +241,18 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     dev_sub.add_parser("down", help="stop everything and remove its data").set_defaults(
         func=cmd_dev_down
     )
-    dev_sub.add_parser(
-        "build", help="build or verify the cached control-plane binaries"
-    ).set_defaults(func=cmd_dev_build)
+    build = dev_sub.add_parser("build", help="build or verify the cached control-plane binaries")
+    build.add_argument(
+        "--observability",
+        action="store_true",
+        help="also Prometheus, promtool (hack/prometheus) and Jaeger (hack/jaeger)",
+    )
+    build.add_argument(
+        "--only-observability",
+        action="store_true",
+        help="Prometheus, promtool and Jaeger alone",
+    )
+    build.set_defaults(func=cmd_dev_build)
     dev_sub.add_parser(
         "image",
         help="build the operator's image from the Dockerfile with buildah "
