@@ -195,6 +195,21 @@ def cmd_dev_image(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_build(dev_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    build = dev_sub.add_parser("build", help="build or verify the cached control-plane binaries")
+    build.add_argument(
+        "--observability",
+        action="store_true",
+        help="also Prometheus, promtool (hack/prometheus) and Jaeger (hack/jaeger)",
+    )
+    build.add_argument(
+        "--only-observability",
+        action="store_true",
+        help="Prometheus, promtool and Jaeger alone",
+    )
+    build.set_defaults(func=cmd_dev_build)
+
+
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     dev = sub.add_parser("dev", help="a local control plane, moto and the operator")
     dev_sub = dev.add_subparsers(dest="dev_command", required=True)
@@ -241,18 +256,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     dev_sub.add_parser("down", help="stop everything and remove its data").set_defaults(
         func=cmd_dev_down
     )
-    build = dev_sub.add_parser("build", help="build or verify the cached control-plane binaries")
-    build.add_argument(
-        "--observability",
-        action="store_true",
-        help="also Prometheus, promtool (hack/prometheus) and Jaeger (hack/jaeger)",
-    )
-    build.add_argument(
-        "--only-observability",
-        action="store_true",
-        help="Prometheus, promtool and Jaeger alone",
-    )
-    build.set_defaults(func=cmd_dev_build)
+    _add_build(dev_sub)
     dev_sub.add_parser(
         "image",
         help="build the operator's image from the Dockerfile with buildah "
