@@ -5,14 +5,15 @@ Written from the installed (pinned) botocore's own files into provisioner/aws/bo
 - `endpoints.json`: botocore's endpoint table, every partition with its regions and defaults,
   and of its services only those of botodata.SERVICES (by their endpoint prefix: the
   resourcegroupstaggingapi client's is `tagging`), each entry as botocore has it;
-- `s3/<version>/service-2.json`: S3's model with the operations of botodata.S3_OPERATIONS,
-  the shapes they reach (input, output, errors, and every member's shape in turn) and every
-  exception shape, every `documentation` in it emptied.
+- `<service>/<version>/service-2.json` for S3 and EC2: the model with the operations of
+  botodata.OPERATIONS, the shapes they reach (input, output, errors, and every member's shape
+  in turn) and every exception shape, every `documentation` in it emptied;
+- the same for every other service of botodata.SERVICES, with all its operations.
 
     python -m provisioner_dev.botocore_data          # rewrite the files
     python -m provisioner_dev.botocore_data --check  # exit 1 when one is stale
 
-Run it after changing botocore's pin, botodata.SERVICES or botodata.S3_OPERATIONS;
+Run it after changing botocore's pin, botodata.SERVICES or botodata.OPERATIONS;
 tests/unit/test_botocore_data.py fails until then.
 """
 
@@ -24,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import botocore.exceptions
 import botocore.loaders
 
 from provisioner.aws import botodata
@@ -70,7 +72,7 @@ def without_documentation(value: Any) -> Any:
     return value
 
 
-def shapes_reached(shapes: dict[str, Any], roots: list[str]) -> set[str]:
+def shapes_reached(shapes: dict[str, Any], roots: list[str], service: str = "s3") -> set[str]:
     """The shapes `roots` name and every shape their members, lists and maps name in turn."""
     seen: set[str] = set()
     todo = list(roots)
@@ -79,7 +81,7 @@ def shapes_reached(shapes: dict[str, Any], roots: list[str]) -> set[str]:
         if name in seen:
             continue
         if name not in shapes:
-            raise BotocoreDataError(f"S3's model names a shape it does not define: {name}")
+            raise BotocoreDataError(f"{service}'s model names a shape it does not define: {name}")
         seen.add(name)
         shape = shapes[name]
         todo += [m["shape"] for m in shape.get("members", {}).values()]
@@ -87,18 +89,33 @@ def shapes_reached(shapes: dict[str, Any], roots: list[str]) -> set[str]:
     return seen
 
 
-def s3_version(loader: botocore.loaders.Loader) -> str:
-    return str(loader.determine_latest_version("s3", "service-2"))
+def model_version(loader: botocore.loaders.Loader, service: str) -> str:
+    return str(loader.determine_latest_version(service, "service-2"))
 
 
-def pruned_s3_model(loader: botocore.loaders.Loader) -> dict[str, Any]:
+def sdk_extra_shapes(loader: botocore.loaders.Loader, service: str) -> list[str]:
+    """The shapes the service's `service-2.sdk-extras.json` merges into, if it has one."""
+    name = f"{service}/{model_version(loader, service)}/service-2.sdk-extras"
+    try:
+        extras = loader.load_data(name)
+    except botocore.exceptions.DataNotFoundError:
+        return []
+    return sorted(extras.get("merge", {}).get("shapes", {}))
+
+
+def pruned_model(loader: botocore.loaders.Loader, service: str) -> dict[str, Any]:
+    """`service`'s model without documentation and, where botodata.OPERATIONS lists its
+    operations, with only those and the shapes they reach."""
     # The file alone, as botocore ships it: the loader adds its sdk-extras when it loads ours.
-    model = loader.load_data(f"s3/{s3_version(loader)}/service-2")
+    model = loader.load_data(f"{service}/{model_version(loader, service)}/service-2")
+    wanted = botodata.OPERATIONS.get(service)
+    if wanted is None:
+        return dict(without_documentation(model))
     operations = model["operations"]
-    missing = [op for op in botodata.S3_OPERATIONS if op not in operations]
+    missing = [op for op in wanted if op not in operations]
     if missing:
-        raise BotocoreDataError(f"S3's model has no operation {', '.join(missing)}")
-    kept_ops = {name: operations[name] for name in operations if name in botodata.S3_OPERATIONS}
+        raise BotocoreDataError(f"{service}'s model has no operation {', '.join(missing)}")
+    kept_ops = {name: operations[name] for name in operations if name in wanted}
     roots = [
         ref["shape"]
         for op in kept_ops.values()
@@ -106,7 +123,10 @@ def pruned_s3_model(loader: botocore.loaders.Loader) -> dict[str, Any]:
         if ref
     ]
     roots += [name for name, shape in model["shapes"].items() if shape.get("exception")]
-    reached = shapes_reached(model["shapes"], roots)
+    # The shapes botocore's sdk-extras add members to when it loads the model: kept whole,
+    # or the merge would leave a shape with no type.
+    roots += [name for name in sdk_extra_shapes(loader, service) if name in model["shapes"]]
+    reached = shapes_reached(model["shapes"], roots, service)
     pruned = {
         **model,
         "operations": kept_ops,
@@ -122,12 +142,11 @@ def render(data: dict[str, Any]) -> str:
 def files(loader: botocore.loaders.Loader | None = None) -> dict[Path, str]:
     """What the generator writes: path -> text."""
     loader = loader or builtin_loader()
-    return {
-        botodata.DATA_DIR / "endpoints.json": render(pruned_endpoints(loader)),
-        botodata.DATA_DIR / "s3" / s3_version(loader) / "service-2.json": render(
-            pruned_s3_model(loader)
-        ),
-    }
+    written = {botodata.DATA_DIR / "endpoints.json": render(pruned_endpoints(loader))}
+    for service in botodata.SERVICES:
+        path = botodata.DATA_DIR / service / model_version(loader, service) / "service-2.json"
+        written[path] = render(pruned_model(loader, service))
+    return written
 
 
 def unexpected(expected: dict[Path, str]) -> list[Path]:
