@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import boto3
 import pytest
 
 from provisioner.aws.session import Aws, AwsSettings
@@ -113,3 +114,18 @@ def build_resource(
 @pytest.fixture
 def make_resource() -> Callable[..., Resource]:
     return build_resource
+
+
+def full_client(client: Any) -> Any:
+    """`client` (an operator's: its endpoint, region and credentials, those of an assumed role
+    included) with botocore's whole model, for a test's own calls that the operator never
+    makes and so its pruned model leaves out (provisioner/aws/botodata.py)."""
+    frozen = client._request_signer._credentials.get_frozen_credentials()
+    return boto3.session.Session().client(
+        client.meta.service_model.service_name,
+        region_name=client.meta.region_name,
+        endpoint_url=client.meta.endpoint_url,
+        aws_access_key_id=frozen.access_key,
+        aws_secret_access_key=frozen.secret_key,
+        aws_session_token=frozen.token,
+    )

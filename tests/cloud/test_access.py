@@ -18,7 +18,7 @@ from provisioner.model import conditions as cond
 from provisioner.model.account import AccountRef
 from provisioner.tools import leaks
 from provisioner_dev.serviceaccounts import MemoryServiceAccounts
-from tests.cloud.conftest import build_resource
+from tests.cloud.conftest import build_resource, full_client
 from tests.unit.fakes import FakeKube
 
 CLUSTER = "test-cluster"
@@ -184,7 +184,7 @@ def test_an_irsa_grant_lives_in_the_cloud_account_of_its_resource(aws):
     with pytest.raises(Exception, match="NoSuchEntity"):
         team_b_iam.get_role(RoleName=role)
 
-    team_b_iam.create_open_id_connect_provider(
+    full_client(team_b_iam).create_open_id_connect_provider(
         Url=issuer, ClientIDList=["sts.amazonaws.com"], ThumbprintList=["b" * 40]
     )
     outcome = asyncio.run(granter.converge(queue, [arn]))

@@ -11,6 +11,7 @@ from provisioner.aws import errors
 from provisioner.aws.session import CALLS
 from provisioner.kinds.rds import RdsClient
 from provisioner.kinds.registry import KINDS, make_clients
+from tests.cloud.conftest import full_client
 
 pytestmark = pytest.mark.cloud
 
@@ -163,7 +164,7 @@ def test_foreign_instance_is_observed_not_owned(aws, rds, make_resource):
 def test_not_available_refuses_modify(aws, rds, make_resource):
     res = make_resource("DatabaseInstance", SPEC)
     rds.create(res, SECRETS)
-    aws.client("rds").stop_db_instance(DBInstanceIdentifier=res.external_name)
+    full_client(aws.client("rds")).stop_db_instance(DBInstanceIdentifier=res.external_name)
     changed = replace(res, spec=replace(res.spec, instance_class="db.t3.small"))
     obs = rds.observe(changed)
     assert obs.exists and not obs.available and obs.state == "stopped"

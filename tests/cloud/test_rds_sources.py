@@ -10,6 +10,7 @@ import pytest
 from provisioner.aws import errors
 from provisioner.kinds import rds_sources
 from provisioner.kinds.rds import RdsClient
+from tests.cloud.conftest import full_client
 
 pytestmark = pytest.mark.cloud
 
@@ -90,7 +91,7 @@ def test_a_foreign_snapshot_identifier_is_refused_naming_it(aws, rds, make_resou
 
 
 def test_a_snapshot_offered_to_the_namespace_is_restored(aws, rds, make_resource):
-    client = aws.client("rds")
+    client = full_client(aws.client("rds"))
     ident = f"manual-{uuid.uuid4().hex[:8]}"
     client.create_db_instance(
         DBInstanceIdentifier=ident,
