@@ -18,7 +18,15 @@ import yaml
 
 from provisioner_dev import pki as pki_mod
 from provisioner_dev.kubectl import run_kubectl
-from provisioner_dev.processes import StartError, fixed_port, free_port, spawn, stop, wait_until
+from provisioner_dev.processes import (
+    StartError,
+    fixed_port,
+    free_port,
+    spawn,
+    stop,
+    wait_port_released,
+    wait_until,
+)
 
 CONTEXT = "provisioner-dev"
 # With nodes (provisioner_dev/node.py): the node's bridge address, where pods reach the API
@@ -220,6 +228,9 @@ class ControlPlane:
                 f"--etcd-servers={self.etcd_url}",
                 f"--cert-dir={self.dir / 'apiserver-certs'}",
                 f"--secure-port={self.apiserver_port}",
+                # Restarted on the same port: what the last one's connections left in
+                # TIME_WAIT must not keep it from listening.
+                "--permit-address-sharing=true",
                 *(
                     ["--bind-address=0.0.0.0", f"--advertise-address={NODE_GATEWAY}"]
                     if self.nodes
@@ -308,6 +319,7 @@ class ControlPlane:
         proc = self.procs.pop("kube-apiserver", None)
         if proc is not None:
             stop(proc.pid)
+        wait_port_released(self.apiserver_port)
         self._start_apiserver(timeout, port=self.apiserver_port)
 
     def stop(self) -> None:

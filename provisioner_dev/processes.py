@@ -43,6 +43,39 @@ def fixed_port() -> int:
     return free_port()
 
 
+def wait_port_released(port: int, timeout: float = 30.0) -> None:
+    """Wait until a server may listen on loopback `port` again (bound as Go binds, with
+    SO_REUSEADDR): a process just stopped may leave its sockets to the kernel a while."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                pass
+            else:
+                return
+        if time.monotonic() > deadline:
+            held = ", ".join(sockets_on(port)) or "nothing in /proc/net/tcp"
+            raise StartError(f"port {port} is not released after {timeout:g}s; held by: {held}")
+        time.sleep(0.1)
+
+
+TCP_STATES = {"01": "ESTABLISHED", "06": "TIME_WAIT", "08": "CLOSE_WAIT", "0A": "LISTEN"}
+
+
+def sockets_on(port: int) -> list[str]:
+    """The kernel's IPv4 TCP sockets bound to local `port`, as `STATE local -> remote`."""
+    found = []
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+            local, remote, state = line.split()[1:4]
+            if int(local.rsplit(":", 1)[1], 16) == port:
+                found.append(f"{TCP_STATES.get(state, state)} {local} -> {remote}")
+    return found
+
+
 def spawn(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """Start a process in its own session (so it outlives the caller and can be stopped whole)."""
     log.parent.mkdir(parents=True, exist_ok=True)

@@ -61,6 +61,12 @@ def scraped(url: str) -> bool:
     return bool(up) and bool(query(url, "provisioner_reconcile_total"))
 
 
+def reconciled(trace: dict | None) -> dict | None:
+    """The trace, once it holds the reconcile pass's own span."""
+    spans = (trace or {}).get("spans") or []
+    return trace if any(s["operationName"] == "reconcile Queue" for s in spans) else None
+
+
 def test_up_with_observability_scrapes_the_operator_status_and_down_know_it(workdir):
     up = dev(workdir, "up", "--observability")
     assert up.returncode == 0, up.stderr
@@ -82,8 +88,13 @@ def test_up_with_observability_scrapes_the_operator_status_and_down_know_it(work
     apply(kube, "app", queue("traced"))
     wait_ready(kube, "queue", "app", "traced", timeout=120)
     trace = created_trace(kube, "app", "traced")
-    found = wait_for(lambda: fetch_trace(jaeger, trace), timeout=60, what="the trace in Jaeger")
-    assert any(s["operationName"] == "reconcile Queue" for s in found["spans"])
+    # Spans arrive in batches: the pass's own span ends last, so it may come after the others.
+    found = wait_for(
+        lambda: reconciled(fetch_trace(jaeger, trace)),
+        timeout=60,
+        what=f"trace {trace} in Jaeger with its `reconcile Queue` span",
+    )
+    assert found["traceID"] == trace
 
     status = dev(workdir, "status")
     assert status.returncode == 0, status.stdout + status.stderr
